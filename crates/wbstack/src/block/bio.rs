@@ -202,7 +202,11 @@ impl Bio {
 
 impl std::fmt::Debug for Bio {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Bio({:?} {:?} sector {} +{})", self.op, self.flags, self.sector, self.nr_sectors)
+        write!(
+            f,
+            "Bio({:?} {:?} sector {} +{})",
+            self.op, self.flags, self.sector, self.nr_sectors
+        )
     }
 }
 

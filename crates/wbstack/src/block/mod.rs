@@ -3,3 +3,13 @@
 //! throttle them, and diskstats account for them.
 
 pub mod bio;
+pub mod plug;
+pub mod qos;
+pub mod queue;
+pub mod stats;
+pub mod tags;
+
+pub use bio::{Bio, BioEndIo, BioFlags, BlkError, BlkResult, Op, Request};
+pub use plug::{flush_plug, Plug};
+pub use queue::{BioWait, QueueConfig, QueueLimits, RequestQueue};
+pub use stats::{DiskStats, IoStatsMode};
