@@ -99,7 +99,10 @@ mod tests {
             assert_eq!(b.as_ptr() as usize % IO_ALIGN, 0);
             assert_eq!(b.len(), len);
             assert!(b.as_slice().iter().all(|&x| x == 0));
-            b.as_mut_slice().iter_mut().enumerate().for_each(|(i, x)| *x = i as u8);
+            b.as_mut_slice()
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = i as u8);
             let c = b.clone();
             assert_eq!(c.as_slice(), b.as_slice());
         }

@@ -7,7 +7,7 @@
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const NSEC_PER_USEC: u64 = 1_000;
 pub const NSEC_PER_MSEC: u64 = 1_000_000;
@@ -17,6 +17,12 @@ pub const NSEC_PER_SEC: u64 = 1_000_000_000;
 pub trait Clock: Send + Sync + 'static {
     /// Nanoseconds since the clock's epoch.
     fn now_ns(&self) -> u64;
+
+    /// The same time at tick granularity (the kernel's jiffies), much cheaper to read:
+    /// for accounting that only needs milliseconds (diskstats). Never ahead of now_ns.
+    fn coarse_ns(&self) -> u64 {
+        self.now_ns()
+    }
 
     /// True when time only moves when a test advances it.
     fn is_manual(&self) -> bool {
@@ -38,21 +44,39 @@ pub trait Clock: Send + Sync + 'static {
 
 pub type ClockRef = Arc<dyn Clock>;
 
-/// The real monotonic clock (CLOCK_MONOTONIC through `Instant`).
+/// The real monotonic clock (CLOCK_MONOTONIC, and CLOCK_MONOTONIC_COARSE for
+/// `coarse_ns`; both count from the same origin, so they compare).
 pub struct RealClock {
-    base: Instant,
+    base_ns: u64,
+}
+
+fn clock_ns(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own; both clock ids used here exist
+    // on every Linux since 2.6.32, so it cannot fail.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * NSEC_PER_SEC + ts.tv_nsec as u64
 }
 
 impl RealClock {
     pub fn new() -> Arc<Self> {
-        Arc::new(RealClock { base: Instant::now() })
+        Arc::new(RealClock {
+            base_ns: clock_ns(libc::CLOCK_MONOTONIC),
+        })
     }
 }
 
 impl Clock for RealClock {
     #[inline]
     fn now_ns(&self) -> u64 {
-        self.base.elapsed().as_nanos() as u64
+        clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(self.base_ns)
+    }
+    #[inline]
+    fn coarse_ns(&self) -> u64 {
+        clock_ns(libc::CLOCK_MONOTONIC_COARSE).saturating_sub(self.base_ns)
     }
 }
 
@@ -65,7 +89,10 @@ pub struct ManualClock {
 
 impl ManualClock {
     pub fn new(start_ns: u64) -> Arc<Self> {
-        Arc::new(ManualClock { now: AtomicU64::new(start_ns), waiters: Mutex::new(Vec::new()) })
+        Arc::new(ManualClock {
+            now: AtomicU64::new(start_ns),
+            waiters: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn advance(&self, ns: u64) {
@@ -108,7 +135,6 @@ impl Clock for ManualClock {
         waiter.wait();
     }
 }
-
 
 /// A one-slot wakeup: `kick` makes the next (or current) `wait` return.
 /// Spurious returns are allowed; callers re-check their condition.
@@ -162,5 +188,24 @@ mod tests {
         });
         clock.advance(5_000);
         assert_eq!(t.join().unwrap(), 5_000);
+    }
+}
+
+#[cfg(test)]
+mod real_tests {
+    use super::*;
+
+    #[test]
+    fn coarse_time_trails_fine_time_by_at_most_a_tick() {
+        let c = RealClock::new();
+        for _ in 0..1000 {
+            let coarse = c.coarse_ns();
+            let fine = c.now_ns();
+            assert!(coarse <= fine, "coarse {coarse} ahead of fine {fine}");
+            assert!(
+                fine - coarse < 50 * NSEC_PER_MSEC,
+                "coarse clock lags by more than any HZ tick"
+            );
+        }
     }
 }

@@ -192,9 +192,10 @@ impl Bio {
     pub fn end_sector(&self) -> u64 {
         self.sector + self.nr_sectors as u64
     }
-    /// Hand the bio back to its submitter.
-    pub fn complete(mut self, status: BlkResult) {
-        if let Some(e) = self.end_io.take() {
+    /// Hand the bio back to its submitter. The bio keeps its end_io (as bi_end_io
+    /// stays set in the kernel), so a submitter can reuse it as it is.
+    pub fn complete(self, status: BlkResult) {
+        if let Some(e) = self.end_io.clone() {
             e.end_io(self, status);
         }
     }

@@ -118,22 +118,25 @@ impl QueueCore {
         }
     }
 
+    /// Service latency (wbt, latency windows) needs the fine clock; accounting, at
+    /// tick granularity like the kernel's jiffies, does not.
     #[inline]
-    fn needs_time(&self, mode: IoStatsMode) -> bool {
-        mode != IoStatsMode::Off || self.qos_active.load(Ordering::Relaxed) || self.lat.is_armed()
+    fn needs_fine_time(&self) -> bool {
+        self.qos_active.load(Ordering::Relaxed) || self.lat.is_armed()
     }
 }
 
 impl RqComplete for QueueCore {
     fn complete(&self, mut rq: Request, status: BlkResult) {
         let mode = self.stats.mode();
-        if self.needs_time(mode) {
+        if mode != IoStatsMode::Off {
+            let now = self.clock.coarse_ns();
+            self.round_stats(mode, now);
+            self.stats
+                .done(mode, rq.op, rq.nr_sectors, now.saturating_sub(rq.start_ns));
+        }
+        if self.needs_fine_time() {
             let now = self.clock.now_ns();
-            if mode != IoStatsMode::Off {
-                self.round_stats(mode, now);
-                self.stats
-                    .done(mode, rq.op, rq.nr_sectors, now.saturating_sub(rq.start_ns));
-            }
             if self.lat.is_armed() {
                 self.lat.add(rq.op, now.saturating_sub(rq.io_start_ns));
             }
@@ -276,7 +279,7 @@ impl RequestQueue {
     /// long request is accounted up to the read.
     pub fn diskstats(&self) -> DiskStats {
         let mode = self.core.stats.mode();
-        self.core.round_stats(mode, self.core.clock.now_ns());
+        self.core.round_stats(mode, self.core.clock.coarse_ns());
         let mut d = self.core.stats.snapshot();
         d.in_flight = match mode {
             IoStatsMode::Off => [0, 0],
@@ -371,7 +374,7 @@ impl RequestQueue {
         let mut rq = Request::from_bio(bio, segs);
         rq.qos_flags = qos_flags;
         if self.core.stats.mode() != IoStatsMode::Off {
-            rq.start_ns = self.core.clock.now_ns();
+            rq.start_ns = self.core.clock.coarse_ns();
         }
         if plugged && !ordered {
             plug::add(self.clone(), rq);
@@ -432,11 +435,16 @@ impl RequestQueue {
         rq.hctx = h;
         rq.tag = tag;
         let mode = core.stats.mode();
-        if core.needs_time(mode) {
+        if mode != IoStatsMode::Off {
+            // Fold time in before this request counts as in flight. The request's own
+            // creation stamp serves: a stale time only makes the once-per-tick gate
+            // skip, and it saves a clock read per IO.
+            core.round_stats(mode, rq.start_ns);
+            core.stats.start(mode, rq.op);
+        }
+        if core.needs_fine_time() {
             let now = core.clock.now_ns();
             rq.io_start_ns = now;
-            core.round_stats(mode, now);
-            core.stats.start(mode, rq.op);
             if core.qos_active.load(Ordering::Relaxed) {
                 for q in core.qos.read().iter() {
                     q.issue(&rq, now);

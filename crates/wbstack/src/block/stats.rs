@@ -12,7 +12,6 @@
 
 use crate::block::bio::Op;
 use crossbeam_utils::CachePadded;
-use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 
@@ -78,23 +77,64 @@ impl Counters {
 }
 
 const NR_SHARDS: usize = 64;
+/// Shard for threads beyond NR_SHARDS live at once: shared, so updated atomically.
+const OVERFLOW_SHARD: usize = NR_SHARDS;
+
+/// Which shards are owned by a live thread (bit i = shard i).
+static SHARD_OWNERS: AtomicU64 = AtomicU64::new(0);
+
+/// A thread's exclusive claim on a shard, released when the thread exits, as a CPU
+/// owns its per-CPU counters.
+struct ShardClaim(usize);
+
+impl ShardClaim {
+    fn claim() -> ShardClaim {
+        let mut cur = SHARD_OWNERS.load(Ordering::Relaxed);
+        loop {
+            let free = !cur;
+            if free == 0 {
+                return ShardClaim(OVERFLOW_SHARD);
+            }
+            let bit = free.trailing_zeros() as usize;
+            match SHARD_OWNERS.compare_exchange_weak(
+                cur,
+                cur | 1 << bit,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return ShardClaim(bit),
+                Err(v) => cur = v,
+            }
+        }
+    }
+}
+
+impl Drop for ShardClaim {
+    fn drop(&mut self) {
+        if self.0 < NR_SHARDS {
+            SHARD_OWNERS.fetch_and(!(1u64 << self.0), Ordering::AcqRel);
+        }
+    }
+}
 
 thread_local! {
-    static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+    static SHARD: ShardClaim = ShardClaim::claim();
 }
-static NEXT_SHARD: AtomicU64 = AtomicU64::new(0);
 
 #[inline]
 fn my_shard() -> usize {
-    SHARD.with(|s| {
-        let v = s.get();
-        if v != usize::MAX {
-            return v;
-        }
-        let n = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) as usize % NR_SHARDS;
-        s.set(n);
-        n
-    })
+    SHARD.try_with(|s| s.0).unwrap_or(OVERFLOW_SHARD)
+}
+
+/// Add to a counter of this thread's shard. A shard has one owner, so a plain load and
+/// store suffices (no locked instruction), except in the shared overflow shard.
+#[inline]
+fn shard_add(shard: usize, c: &AtomicU64, v: u64) {
+    if shard == OVERFLOW_SHARD {
+        c.fetch_add(v, Ordering::Relaxed);
+    } else {
+        c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+    }
 }
 
 /// The accounting state of one device.
@@ -117,7 +157,7 @@ impl StatsState {
             mode: AtomicU8::new(mode as u8),
             shared: Default::default(),
             shared_in_flight: Default::default(),
-            shards: (0..NR_SHARDS).map(|_| Default::default()).collect(),
+            shards: (0..=NR_SHARDS).map(|_| Default::default()).collect(),
             stamp_ms: CachePadded::new(AtomicU64::new(u64::MAX)),
             io_ticks_ms: AtomicU64::new(0),
             time_in_queue_ms: AtomicU64::new(0),
@@ -133,31 +173,22 @@ impl StatsState {
         self.mode.store(m as u8, Ordering::Relaxed);
     }
 
-    #[inline]
-    fn counters(&self, mode: IoStatsMode) -> &Counters {
-        match mode {
-            IoStatsMode::Atomic => &self.shared,
-            _ => &self.shards[my_shard()],
-        }
-    }
-
     /// Fold elapsed time into io_ticks and time_in_queue, at most once per millisecond.
     /// `in_flight` is only asked for by the thread that wins the stamp.
     #[inline]
     pub fn round(&self, now_ns: u64, in_flight: impl FnOnce() -> u64) {
         let now_ms = now_ns / 1_000_000;
         let stamp = self.stamp_ms.load(Ordering::Relaxed);
-        if stamp == now_ms {
+        // Never move the stamp backwards: callers may pass a slightly stale time.
+        if stamp != u64::MAX && now_ms <= stamp {
             return;
         }
         if self
             .stamp_ms
             .compare_exchange(stamp, now_ms, Ordering::AcqRel, Ordering::Relaxed)
             .is_err()
+            || stamp == u64::MAX
         {
-            return;
-        }
-        if stamp == u64::MAX || now_ms < stamp {
             return;
         }
         let inflight = in_flight();
@@ -188,22 +219,34 @@ impl StatsState {
     /// A request completed.
     #[inline]
     pub fn done(&self, mode: IoStatsMode, op: Op, nr_sectors: u32, nsecs: u64) {
-        let c = self.counters(mode);
         let g = op.stat_group();
-        c.ios[g].fetch_add(1, Ordering::Relaxed);
-        c.sectors[g].fetch_add(nr_sectors as u64, Ordering::Relaxed);
-        c.nsecs[g].fetch_add(nsecs, Ordering::Relaxed);
         if mode == IoStatsMode::Atomic {
-            let d = &self.shared_in_flight[op.is_write() as usize];
-            d.fetch_sub(1, Ordering::Relaxed);
+            let c = &self.shared;
+            c.ios[g].fetch_add(1, Ordering::Relaxed);
+            c.sectors[g].fetch_add(nr_sectors as u64, Ordering::Relaxed);
+            c.nsecs[g].fetch_add(nsecs, Ordering::Relaxed);
+            self.shared_in_flight[op.is_write() as usize].fetch_sub(1, Ordering::Relaxed);
+        } else {
+            let sh = my_shard();
+            let c = &self.shards[sh];
+            shard_add(sh, &c.ios[g], 1);
+            shard_add(sh, &c.sectors[g], nr_sectors as u64);
+            shard_add(sh, &c.nsecs[g], nsecs);
         }
     }
 
     /// A bio was merged into an existing request.
     #[inline]
     pub fn merged(&self, mode: IoStatsMode, op: Op) {
-        if mode != IoStatsMode::Off {
-            self.counters(mode).merges[op.stat_group()].fetch_add(1, Ordering::Relaxed);
+        match mode {
+            IoStatsMode::Off => {}
+            IoStatsMode::Atomic => {
+                self.shared.merges[op.stat_group()].fetch_add(1, Ordering::Relaxed);
+            }
+            IoStatsMode::Tags => {
+                let sh = my_shard();
+                shard_add(sh, &self.shards[sh].merges[op.stat_group()], 1);
+            }
         }
     }
 

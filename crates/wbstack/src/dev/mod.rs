@@ -100,14 +100,18 @@ pub fn open(spec: &str, clock: ClockRef) -> Result<DeviceRef, SpecError> {
 pub fn geometry_from_spec(spec: &DeviceSpec, d: Geometry) -> Result<Geometry, SpecError> {
     let lbs = spec.size("lbs", d.logical_block_size as u64)?;
     if !(512..=65536).contains(&lbs) || !lbs.is_power_of_two() {
-        return Err(spec.err(format!("lbs={lbs}: the logical block size must be a power of two from 512 to 65536")));
+        return Err(spec.err(format!(
+            "lbs={lbs}: the logical block size must be a power of two from 512 to 65536"
+        )));
     }
     let size = spec.size("size", d.size_bytes)?;
     if size == 0 {
         return Err(spec.err("size must be larger than zero"));
     }
     if size % lbs != 0 {
-        return Err(spec.err(format!("size={size} is not a multiple of the logical block size {lbs}")));
+        return Err(spec.err(format!(
+            "size={size} is not a multiple of the logical block size {lbs}"
+        )));
     }
     let hw_queues = spec.u64("hw_queues", d.nr_hw_queues as u64)?;
     if !(1..=128).contains(&hw_queues) {
@@ -119,7 +123,9 @@ pub fn geometry_from_spec(spec: &DeviceSpec, d: Geometry) -> Result<Geometry, Sp
     }
     let max_hw_kb = spec.u64("max_hw_kb", (d.max_hw_sectors / 2) as u64)?;
     if max_hw_kb * 1024 < lbs || max_hw_kb > 1 << 20 {
-        return Err(spec.err(format!("max_hw_kb={max_hw_kb}: must hold one block and be at most 1 GiB")));
+        return Err(spec.err(format!(
+            "max_hw_kb={max_hw_kb}: must hold one block and be at most 1 GiB"
+        )));
     }
     Ok(Geometry {
         size_bytes: size,
@@ -136,7 +142,9 @@ pub fn geometry_from_spec(spec: &DeviceSpec, d: Geometry) -> Result<Geometry, Sp
 
 /// Number of CPUs, for per-CPU defaults (hardware queues, stat shards).
 pub fn nr_cpus() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 pub const GEOMETRY_KEYS: &str = "size, lbs, hw_queues, qd, max_hw_kb, wc, rotational";

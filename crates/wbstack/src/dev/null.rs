@@ -6,7 +6,9 @@
 
 use super::store::SparseStore;
 use super::timer::CompletionTimer;
-use super::{geometry_from_spec, nr_cpus, Completer, Device, DeviceSpec, Geometry, SpecError, GEOMETRY_KEYS};
+use super::{
+    geometry_from_spec, nr_cpus, Completer, Device, DeviceSpec, Geometry, SpecError, GEOMETRY_KEYS,
+};
 use crate::block::bio::{BlkResult, Op, Request};
 use crate::clock::ClockRef;
 use parking_lot::Mutex;

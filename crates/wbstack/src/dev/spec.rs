@@ -12,7 +12,10 @@ pub struct SpecError {
 
 impl SpecError {
     pub fn new(spec: &str, reason: impl Into<String>) -> SpecError {
-        SpecError { spec: spec.to_string(), reason: reason.into() }
+        SpecError {
+            spec: spec.to_string(),
+            reason: reason.into(),
+        }
     }
 }
 
@@ -38,7 +41,10 @@ impl DeviceSpec {
         let head = parts.next().unwrap_or_default();
         let (kind, path) = if let Some(p) = head.strip_prefix("file:") {
             if p.is_empty() {
-                return Err(SpecError::new(spec, "file: needs a path, as in file:/tmp/disk.img"));
+                return Err(SpecError::new(
+                    spec,
+                    "file: needs a path, as in file:/tmp/disk.img",
+                ));
             }
             ("file".to_string(), Some(p.to_string()))
         } else {
@@ -58,7 +64,13 @@ impl DeviceSpec {
                 return Err(SpecError::new(spec, format!("option '{k}' given twice")));
             }
         }
-        Ok(DeviceSpec { raw: spec_t.to_string(), kind, path, opts, used: Default::default() })
+        Ok(DeviceSpec {
+            raw: spec_t.to_string(),
+            kind,
+            path,
+            opts,
+            used: Default::default(),
+        })
     }
 
     fn take(&self, key: &str) -> Option<&str> {
@@ -127,7 +139,11 @@ impl DeviceSpec {
             Err(self.err(format!(
                 "unknown option{} {} for {} (known: {known})",
                 if unknown.len() > 1 { "s" } else { "" },
-                unknown.iter().map(|s| format!("'{s}'")).collect::<Vec<_>>().join(", "),
+                unknown
+                    .iter()
+                    .map(|s| format!("'{s}'"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 self.kind
             )))
         }
@@ -138,7 +154,10 @@ impl DeviceSpec {
 /// Suffixes are powers of 1024 (as in fio); a trailing `B`/`iB` is allowed.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix("ib"))
+        .unwrap_or(t);
     let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
     let (num, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
@@ -158,7 +177,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err("missing number".into());
     }
     if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(mult).ok_or_else(|| "size too large".to_string());
+        return n
+            .checked_mul(mult)
+            .ok_or_else(|| "size too large".to_string());
     }
     match num.parse::<f64>() {
         Ok(f) if f >= 0.0 && f.is_finite() => {

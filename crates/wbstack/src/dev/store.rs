@@ -53,7 +53,10 @@ impl SparseStore {
             let idx = pos / CHUNK as u64;
             let off = (pos % CHUNK as u64) as usize;
             let n = (CHUNK - off).min(data.len() - done);
-            let c = self.chunks.entry(idx).or_insert_with(|| Arc::new([0u8; CHUNK]));
+            let c = self
+                .chunks
+                .entry(idx)
+                .or_insert_with(|| Arc::new([0u8; CHUNK]));
             Arc::make_mut(c)[off..off + n].copy_from_slice(&data[done..done + n]);
             done += n;
             pos += n as u64;

@@ -67,13 +67,21 @@ impl CompletionTimer {
     pub fn new(name: &str, clock: ClockRef, finish: FinishFn) -> CompletionTimer {
         let waiter = Waiter::new();
         clock.register_waiter(&waiter);
-        let inner = Arc::new(Inner { clock, waiter, state: Mutex::new(State::default()), finish });
+        let inner = Arc::new(Inner {
+            clock,
+            waiter,
+            state: Mutex::new(State::default()),
+            finish,
+        });
         let i2 = inner.clone();
         let thread = std::thread::Builder::new()
             .name(format!("{name}-cq"))
             .spawn(move || run(&i2))
             .expect("spawn device completion thread");
-        CompletionTimer { inner, thread: Mutex::new(Some(thread)) }
+        CompletionTimer {
+            inner,
+            thread: Mutex::new(Some(thread)),
+        }
     }
 
     /// Complete `rq` at `due` (clock ns). With `status` set, complete it with that status
@@ -83,7 +91,13 @@ impl CompletionTimer {
         let seq = st.seq;
         st.seq += 1;
         let earliest = st.heap.peek().is_none_or(|top| due < top.due);
-        st.heap.push(Entry { due, seq, rq, done: done.clone(), status });
+        st.heap.push(Entry {
+            due,
+            seq,
+            rq,
+            done: done.clone(),
+            status,
+        });
         drop(st);
         if earliest {
             self.inner.waiter.kick();

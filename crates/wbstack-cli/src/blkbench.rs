@@ -1,0 +1,370 @@
+//! `wbstack bench blk`: a fio-like load generator on the block layer.
+//!
+//! Each job is a thread keeping `iodepth` bios in flight on one device; completions
+//! come back through the bio's end_io (inline for the null device, from the device's
+//! completion thread otherwise). Latency is measured per IO from submission to reap,
+//! into an HDR histogram.
+
+use crate::util::{process_cpu, si, thread_cpu};
+use crossbeam_queue::ArrayQueue;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+use wbstack::block::{
+    Bio, BioEndIo, BlkResult, DiskStats, IoStatsMode, Op, Plug, QueueConfig, RequestQueue,
+};
+use wbstack::buf::IoBuf;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rw {
+    Read,
+    Write,
+    RandRead,
+    RandWrite,
+}
+
+impl Rw {
+    pub fn parse(s: &str) -> Result<Rw, String> {
+        match s {
+            "read" => Ok(Rw::Read),
+            "write" => Ok(Rw::Write),
+            "randread" => Ok(Rw::RandRead),
+            "randwrite" => Ok(Rw::RandWrite),
+            _ => Err(format!(
+                "unknown --rw '{s}' (expected read, write, randread or randwrite)"
+            )),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Rw::Read => "read",
+            Rw::Write => "write",
+            Rw::RandRead => "randread",
+            Rw::RandWrite => "randwrite",
+        }
+    }
+    fn is_write(self) -> bool {
+        matches!(self, Rw::Write | Rw::RandWrite)
+    }
+    fn is_random(self) -> bool {
+        matches!(self, Rw::RandRead | Rw::RandWrite)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct BlkJob {
+    pub device: String,
+    pub jobs: usize,
+    pub rw: Rw,
+    pub bs: usize,
+    pub iodepth: usize,
+    pub runtime: Duration,
+    pub iostats: IoStatsMode,
+    /// Bytes of the device the jobs range over (default: the whole device, capped so
+    /// sequential jobs do not run off the end).
+    pub span: Option<u64>,
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BlkReport {
+    pub device: String,
+    pub rw: Rw,
+    pub bs: usize,
+    pub jobs: usize,
+    pub iodepth: usize,
+    pub iostats: IoStatsMode,
+    pub ios: u64,
+    pub wall_s: f64,
+    pub iops: f64,
+    pub mib_s: f64,
+    /// Per job, as fio reports: the job thread's user and system CPU over the run time.
+    pub usr_pct: f64,
+    pub sys_pct: f64,
+    /// The whole process (device threads included) as a share of all CPUs.
+    pub cpu_total_pct: f64,
+    pub lat_p50_us: f64,
+    pub lat_p99_us: f64,
+    pub lat_p999_us: f64,
+    pub lat_max_us: f64,
+    pub errors: u64,
+    pub diskstats: DiskStats,
+}
+
+/// Where a job's completed bios come back.
+struct JobSink {
+    done: ArrayQueue<(Bio, bool)>,
+    waiting: AtomicBool,
+    thread: Thread,
+}
+
+impl BioEndIo for JobSink {
+    fn end_io(&self, bio: Bio, status: BlkResult) {
+        // Capacity is the iodepth, and a job never has more than that in flight.
+        let _ = self.done.push((bio, status.is_ok()));
+        if self.waiting.load(Ordering::SeqCst) && self.waiting.swap(false, Ordering::SeqCst) {
+            self.thread.unpark();
+        }
+    }
+}
+
+struct JobOut {
+    hist: Histogram<u64>,
+    ios: u64,
+    errors: u64,
+    cpu: crate::util::CpuTimes,
+    wall: Duration,
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    let mut x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *s = x;
+    x
+}
+
+fn run_job(
+    q: Arc<RequestQueue>,
+    job: BlkJob,
+    idx: usize,
+    span_blocks: u64,
+    start: Arc<Barrier>,
+) -> JobOut {
+    let sink = Arc::new(JobSink {
+        done: ArrayQueue::new(job.iodepth),
+        waiting: AtomicBool::new(false),
+        thread: std::thread::current(),
+    });
+    let end_io: Arc<dyn BioEndIo> = sink.clone();
+    let mut free: Vec<Bio> = (0..job.iodepth)
+        .map(|i| {
+            let mut buf = IoBuf::zeroed(job.bs);
+            if job.rw.is_write() {
+                buf.as_mut_slice()
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(j, b)| *b = (i + j + idx) as u8);
+            }
+            let mut b = Bio::write(0, buf);
+            b.op = if job.rw.is_write() {
+                Op::Write
+            } else {
+                Op::Read
+            };
+            b.end_io = Some(end_io.clone());
+            b
+        })
+        .collect();
+    let mut hist =
+        Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram bounds");
+    let mut rng = job
+        .seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(idx as u64 * 7919 + 1)
+        | 1;
+    // Sequential jobs start at different places so they do not all merge into one.
+    let mut next_seq = (span_blocks / job.jobs as u64) * idx as u64;
+    let sectors_per_block = (job.bs / 512) as u64;
+    let base = Instant::now();
+    let mut inflight = 0usize;
+    let (mut ios, mut errors) = (0u64, 0u64);
+    start.wait();
+    let cpu0 = thread_cpu();
+    let t0 = Instant::now();
+    let deadline = t0 + job.runtime;
+    let mut stop = false;
+    let mut checks = 0u32;
+    loop {
+        // Fill the queue depth, inside a plug so a burst reaches the device as one batch.
+        if !stop && inflight < job.iodepth {
+            let _plug = (job.iodepth > 1).then(Plug::start);
+            while inflight < job.iodepth {
+                let Some(mut bio) = free.pop() else { break };
+                let blk = if job.rw.is_random() {
+                    xorshift(&mut rng) % span_blocks
+                } else {
+                    let b = next_seq % span_blocks;
+                    next_seq += 1;
+                    b
+                };
+                bio.sector = blk * sectors_per_block;
+                bio.private = base.elapsed().as_nanos() as u64;
+                if let Err(e) = q.submit_bio(bio) {
+                    eprintln!("bench blk: submit failed: {e}");
+                    stop = true;
+                    break;
+                }
+                inflight += 1;
+            }
+        }
+        if inflight == 0 {
+            break;
+        }
+        // Reap.
+        let mut got = 0;
+        while let Some((bio, ok)) = sink.done.pop() {
+            let lat = (base.elapsed().as_nanos() as u64)
+                .saturating_sub(bio.private)
+                .max(1);
+            let _ = hist.record(lat);
+            if ok {
+                ios += 1;
+            } else {
+                errors += 1;
+            }
+            free.push(bio);
+            inflight -= 1;
+            got += 1;
+        }
+        if got == 0 {
+            sink.waiting.store(true, Ordering::SeqCst);
+            if sink.done.is_empty() {
+                std::thread::park_timeout(Duration::from_millis(100));
+            }
+            sink.waiting.store(false, Ordering::SeqCst);
+        }
+        checks += got;
+        if checks >= 128 || got == 0 {
+            checks = 0;
+            if !stop && Instant::now() >= deadline {
+                stop = true;
+            }
+        }
+    }
+    let wall = t0.elapsed();
+    JobOut {
+        hist,
+        ios,
+        errors,
+        cpu: thread_cpu() - cpu0,
+        wall,
+    }
+}
+
+pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
+    if job.jobs == 0 || job.iodepth == 0 {
+        return Err("--jobs and --iodepth must be at least 1".into());
+    }
+    if job.bs == 0 || job.bs % 512 != 0 {
+        return Err(format!("--bs {} is not a multiple of 512 bytes", job.bs));
+    }
+    let q = RequestQueue::open(
+        &job.device,
+        QueueConfig {
+            iostats: job.iostats,
+            ..Default::default()
+        },
+    )?;
+    let lbs = q.geometry().logical_block_size as usize;
+    if job.bs % lbs != 0 {
+        return Err(format!(
+            "--bs {} is not a multiple of the device's logical block size {lbs}",
+            job.bs
+        ));
+    }
+    let dev_bytes = q.geometry().size_bytes;
+    let span = job.span.unwrap_or(dev_bytes).min(dev_bytes);
+    let span_blocks = span / job.bs as u64;
+    if span_blocks == 0 {
+        return Err(format!(
+            "the device ({dev_bytes} bytes) is smaller than one block of {} bytes",
+            job.bs
+        ));
+    }
+    let before = q.diskstats();
+    let start = Arc::new(Barrier::new(job.jobs + 1));
+    let pcpu0 = process_cpu();
+    let threads: Vec<_> = (0..job.jobs)
+        .map(|i| {
+            let (q, job, start) = (q.clone(), job.clone(), start.clone());
+            std::thread::Builder::new()
+                .name(format!("blk-job{i}"))
+                .spawn(move || run_job(q, job, i, span_blocks, start))
+                .map_err(|e| format!("cannot start job thread: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    start.wait();
+    let t0 = Instant::now();
+    let outs: Vec<JobOut> = threads
+        .into_iter()
+        .map(|t| t.join().expect("job thread"))
+        .collect();
+    let wall = t0.elapsed().as_secs_f64();
+    let pcpu = process_cpu() - pcpu0;
+    let delta = q.diskstats().delta(&before);
+    let mut hist =
+        Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram bounds");
+    let (mut ios, mut errors, mut usr, mut sys) = (0, 0, 0.0, 0.0);
+    for o in &outs {
+        hist.add(&o.hist).expect("same bounds");
+        ios += o.ios;
+        errors += o.errors;
+        let w = o.wall.as_secs_f64().max(1e-9);
+        usr += o.cpu.user.as_secs_f64() / w * 100.0;
+        sys += o.cpu.sys.as_secs_f64() / w * 100.0;
+    }
+    let n = outs.len() as f64;
+    let us = |v: u64| v as f64 / 1000.0;
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as f64;
+    Ok(BlkReport {
+        device: job.device.clone(),
+        rw: job.rw,
+        bs: job.bs,
+        jobs: job.jobs,
+        iodepth: job.iodepth,
+        iostats: job.iostats,
+        ios,
+        wall_s: wall,
+        iops: ios as f64 / wall,
+        mib_s: ios as f64 * job.bs as f64 / wall / (1 << 20) as f64,
+        usr_pct: usr / n,
+        sys_pct: sys / n,
+        cpu_total_pct: (pcpu.user + pcpu.sys).as_secs_f64() / (wall * ncpu) * 100.0,
+        lat_p50_us: us(hist.value_at_quantile(0.50)),
+        lat_p99_us: us(hist.value_at_quantile(0.99)),
+        lat_p999_us: us(hist.value_at_quantile(0.999)),
+        lat_max_us: us(hist.max()),
+        errors,
+        diskstats: delta,
+    })
+}
+
+pub fn print_human(r: &BlkReport) {
+    println!(
+        "blk: {} rw={} bs={} jobs={} iodepth={} iostats={} ({:.1} s)",
+        r.device,
+        r.rw.name(),
+        r.bs,
+        r.jobs,
+        r.iodepth,
+        r.iostats,
+        r.wall_s
+    );
+    println!(
+        "  IOPS={}, BW={:.1}MiB/s, usr={:.1}%, sys={:.1}% (per job; process {:.1}% of all CPUs)",
+        si(r.iops),
+        r.mib_s,
+        r.usr_pct,
+        r.sys_pct,
+        r.cpu_total_pct
+    );
+    println!(
+        "  clat (usec): p50={:.2}, p99={:.2}, p99.9={:.2}, max={:.2}",
+        r.lat_p50_us, r.lat_p99_us, r.lat_p999_us, r.lat_max_us
+    );
+    if r.errors > 0 {
+        println!("  errors: {}", r.errors);
+    }
+    println!("  diskstats delta (iostats={}):", r.iostats);
+    for l in r.diskstats.pretty().lines() {
+        println!("    {l}");
+    }
+}

@@ -1,0 +1,80 @@
+//! Small helpers shared by the tools: CPU accounting and number formatting.
+
+use std::time::Duration;
+
+/// User and system CPU time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuTimes {
+    pub user: Duration,
+    pub sys: Duration,
+}
+
+fn tv(t: libc::timeval) -> Duration {
+    Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+}
+
+fn rusage(who: libc::c_int) -> CpuTimes {
+    let mut ru: libc::rusage = zeroed_rusage();
+    // SAFETY: getrusage writes into the rusage struct we own; `who` is a valid constant.
+    let rc = unsafe { libc::getrusage(who, &mut ru) };
+    if rc != 0 {
+        return CpuTimes::default();
+    }
+    CpuTimes {
+        user: tv(ru.ru_utime),
+        sys: tv(ru.ru_stime),
+    }
+}
+
+fn zeroed_rusage() -> libc::rusage {
+    // SAFETY: rusage is a plain C struct of integers, for which all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// CPU time of the calling thread.
+pub fn thread_cpu() -> CpuTimes {
+    rusage(libc::RUSAGE_THREAD)
+}
+
+/// CPU time of the whole process.
+pub fn process_cpu() -> CpuTimes {
+    rusage(libc::RUSAGE_SELF)
+}
+
+impl std::ops::Sub for CpuTimes {
+    type Output = CpuTimes;
+    fn sub(self, o: CpuTimes) -> CpuTimes {
+        CpuTimes {
+            user: self.user.saturating_sub(o.user),
+            sys: self.sys.saturating_sub(o.sys),
+        }
+    }
+}
+
+/// 2310000 → "2.31M".
+pub fn si(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.2}G", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v >= 1e4 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// Parse a size for a CLI flag, with the library's rules.
+pub fn size_arg(s: &str) -> Result<u64, String> {
+    wbstack::dev::parse_size(s)
+}
+
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    // A bare number is seconds here, as in fio's --runtime.
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs >= 0.0 && secs.is_finite() {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+    }
+    wbstack::dev::parse_duration(s).map(Duration::from_nanos)
+}
