@@ -68,7 +68,12 @@ pub struct BlkJob {
     /// sequential jobs do not run off the end).
     pub span: Option<u64>,
     pub seed: u64,
+    /// Reap completions in the job thread (polled IO) where the device supports it.
+    pub poll: bool,
 }
+
+/// How long a polling job waits in the device before looking at its deadline again.
+const POLL_WAIT_NS: u64 = 1_000_000;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct BlkReport {
@@ -180,6 +185,7 @@ fn run_job(
     let deadline = t0 + job.runtime;
     let mut stop = false;
     let mut checks = 0u32;
+    let can_poll = job.poll && q.can_poll();
     loop {
         // Fill the queue depth, inside a plug so a burst reaches the device as one batch.
         if !stop && inflight < job.iodepth {
@@ -221,6 +227,17 @@ fn run_job(
             free.push(bio);
             inflight -= 1;
             got += 1;
+        }
+        // Reap our own completions where the device can (io_uring: they arrive as
+        // task work of this thread anyway), as fio does; park otherwise.
+        if got == 0 && can_poll {
+            if q.poll(POLL_WAIT_NS) > 0 || !sink.done.is_empty() {
+                continue;
+            }
+            if Instant::now() >= deadline {
+                stop = true;
+            }
+            continue;
         }
         if got == 0 {
             sink.waiting.store(true, Ordering::SeqCst);

@@ -77,6 +77,7 @@ pub fn inflight(o: &LabOpts) -> Result<Experiment<InflightArm>, String> {
                     iostats: modes[m],
                     span: None,
                     seed: round as u64 + 1,
+                    poll: true,
                 };
                 if !o.json {
                     eprint!(

@@ -75,6 +75,10 @@ struct BlkArgs {
     size: Option<u64>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Where completions are reaped: `poll` (by the job thread, where the device
+    /// supports it, as fio does) or `thread` (the device's completion thread).
+    #[arg(long, default_value = "poll", value_parser = ["poll", "thread"])]
+    reap: String,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -126,6 +130,7 @@ fn run_blk(a: BlkArgs) -> Result<(), String> {
         iostats: a.iostats,
         span: a.size,
         seed: a.seed,
+        poll: a.reap == "poll",
     };
     let fio_path = if a.fio {
         let spec = wbstack::dev::DeviceSpec::parse(&a.device).map_err(|e| e.to_string())?;

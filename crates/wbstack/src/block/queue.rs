@@ -463,6 +463,19 @@ impl RequestQueue {
         h
     }
 
+    /// Reap this thread's completions from the device, waiting up to `timeout_ns`
+    /// (polled IO). Returns how many requests completed here; 0 when the device
+    /// completes on its own threads only.
+    pub fn poll(&self, timeout_ns: u64) -> usize {
+        plug::flush_plug();
+        let h = (thread_idx() as usize % self.core.hctxs.len()) as u16;
+        self.dev.poll(h, timeout_ns)
+    }
+
+    pub fn can_poll(&self) -> bool {
+        self.dev.can_poll()
+    }
+
     pub(crate) fn commit(&self, hctx: u16) {
         self.dev.commit_rqs(hctx);
     }

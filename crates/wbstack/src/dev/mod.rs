@@ -74,6 +74,18 @@ pub trait Device: Send + Sync + 'static {
     /// (io_uring) submits them now.
     fn commit_rqs(&self, _hctx: u16) {}
 
+    /// Reap completions in the calling thread, waiting up to `timeout_ns` for one
+    /// (polled IO, as with the kernel's io polling). Returns the requests completed by
+    /// this call; a device that cannot poll returns 0 and completes on its own.
+    fn poll(&self, _hctx: u16, _timeout_ns: u64) -> usize {
+        0
+    }
+
+    /// Whether `poll` can reap anything (else callers wait for completions instead).
+    fn can_poll(&self) -> bool {
+        false
+    }
+
     /// For downcasting to a concrete device (fault injection, power cut).
     fn as_any(&self) -> &dyn Any;
 }

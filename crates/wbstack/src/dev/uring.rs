@@ -123,6 +123,11 @@ struct Shared {
     inner: Mutex<Inner>,
     /// SQEs were pushed since the last submission.
     unsubmitted: AtomicBool,
+    /// Serialises reading the completion ring: the completion thread and pollers
+    /// (submitters reaping their own completions) both reap.
+    cq_lock: Mutex<()>,
+    /// The shutdown NOP was reaped (by whichever reaper got it).
+    shutdown_seen: AtomicBool,
     submit_calls: AtomicU64,
     sqes: AtomicU64,
     short_resubmits: AtomicU64,
@@ -355,60 +360,85 @@ fn build_iovecs(rq: &mut Request) -> Result<Vec<libc::iovec>, BlkError> {
     Ok(iov)
 }
 
+/// Reusable buffers of one reaper.
+#[derive(Default)]
+struct Reaper {
+    batch: Vec<(u64, i32)>,
+    resubmit: Vec<squeue::Entry>,
+    finished: Vec<Finished>,
+}
+
+impl Shared {
+    /// Take every CQE available, account it, resubmit short IOs, and complete finished
+    /// requests (outside every lock: callbacks may queue new requests). Returns the
+    /// number of requests completed and the number of live requests left.
+    fn reap(&self, r: &mut Reaper) -> (usize, usize) {
+        {
+            let _cq = self.cq_lock.lock();
+            // SAFETY: CompletionQueues are only created under cq_lock, so no other one
+            // exists while this one lives.
+            let cq = unsafe { self.ring.completion_shared() };
+            r.batch.extend(cq.map(|c| (c.user_data(), c.result())));
+        }
+        if r.batch.is_empty() {
+            return (0, self.inner.lock().live);
+        }
+        let pushed;
+        let live = {
+            let mut g = self.inner.lock();
+            for (ud, res) in r.batch.drain(..) {
+                if ud == SHUTDOWN {
+                    self.shutdown_seen.store(true, Ordering::SeqCst);
+                } else {
+                    self.on_cqe(&mut g, ud, res, &mut r.resubmit, &mut r.finished);
+                }
+            }
+            pushed = !r.resubmit.is_empty();
+            for e in r.resubmit.drain(..) {
+                self.push(&mut g, std::slice::from_ref(&e));
+            }
+            g.live
+        };
+        if pushed {
+            // No commit_rqs is coming for resubmitted remainders.
+            self.submit();
+        }
+        let n = r.finished.len();
+        for (rq, done, status) in r.finished.drain(..) {
+            done.complete(rq, status);
+        }
+        (n, live)
+    }
+}
+
+/// io_uring_getevents_arg (include/uapi/linux/io_uring.h), for a bounded wait.
+#[repr(C)]
+struct GeteventsArg {
+    sigmask: u64,
+    sigmask_sz: u32,
+    min_wait_usec: u32,
+    ts: u64,
+}
+
 fn completion_loop(sh: Arc<Shared>) {
-    let mut batch: Vec<(u64, i32)> = Vec::new();
-    let mut resubmit = Vec::new();
-    let mut finished = Vec::new();
-    let mut shutdown = false;
+    let mut r = Reaper::default();
     loop {
         // SAFETY: no argument pointer is passed and to_submit is 0, so the kernel only
         // waits for a CQE; submitting stays with commit_rqs.
-        let r = unsafe {
+        let res = unsafe {
             sh.ring
                 .submitter()
                 .enter::<libc::sigset_t>(0, 1, EnterFlags::GETEVENTS.bits(), None)
         };
-        if let Err(e) = r {
+        if let Err(e) = res {
             if !transient(&e) {
                 // Not expected from a valid ring; keep polling rather than abandon IO
                 // the kernel still holds.
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
-        {
-            // SAFETY: this thread is the only caller of completion_shared, so no other
-            // CompletionQueue exists.
-            let cq = unsafe { sh.ring.completion_shared() };
-            batch.extend(cq.map(|c| (c.user_data(), c.result())));
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        let pushed;
-        let live = {
-            let mut g = sh.inner.lock();
-            for (ud, res) in batch.drain(..) {
-                if ud == SHUTDOWN {
-                    shutdown = true;
-                } else {
-                    sh.on_cqe(&mut g, ud, res, &mut resubmit, &mut finished);
-                }
-            }
-            pushed = !resubmit.is_empty();
-            for e in resubmit.drain(..) {
-                sh.push(&mut g, std::slice::from_ref(&e));
-            }
-            g.live
-        };
-        if pushed {
-            // No commit_rqs is coming for resubmitted remainders.
-            sh.submit();
-        }
-        // Completion callbacks may queue new requests: never call them under the lock.
-        for (rq, done, status) in finished.drain(..) {
-            done.complete(rq, status);
-        }
-        if shutdown && live == 0 {
+        let (_, live) = sh.reap(&mut r);
+        if sh.shutdown_seen.load(Ordering::SeqCst) && live == 0 {
             return;
         }
     }
@@ -579,6 +609,8 @@ impl UringDevice {
             is_bdev,
             path,
             inner: Mutex::new(Inner::default()),
+            cq_lock: Mutex::new(()),
+            shutdown_seen: AtomicBool::new(false),
             unsubmitted: AtomicBool::new(false),
             submit_calls: AtomicU64::new(0),
             sqes: AtomicU64::new(0),
@@ -669,9 +701,15 @@ fn sysfs_queue(dev_dir: &str, attr: &str) -> Option<String> {
 
 fn setup_ring(sq_entries: u32) -> io::Result<IoUring> {
     let build = |submit_all: bool| {
+        let coop = submit_all;
         let mut b = IoUring::builder();
         // Twice the SQ: a PREFLUSH write posts two CQEs.
         b.dontfork().setup_cqsize(sq_entries * 2);
+        if coop {
+            // Completion task work then waits until the submitter next enters the
+            // kernel, instead of interrupting it (fio sets this too).
+            b.setup_coop_taskrun();
+        }
         if submit_all {
             // Without it one bad SQE stops the rest of the batch from being submitted.
             b.setup_submit_all();
@@ -679,7 +717,7 @@ fn setup_ring(sq_entries: u32) -> io::Result<IoUring> {
         b.build(sq_entries)
     };
     match build(true) {
-        // Kernels before 5.18 do not know SUBMIT_ALL.
+        // Kernels before 5.18 (SUBMIT_ALL) or 5.19 (COOP_TASKRUN) refuse the flags.
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => build(false),
         r => r,
     }
@@ -797,6 +835,47 @@ impl Device for UringDevice {
         if self.shared.unsubmitted.load(Ordering::Acquire) {
             self.shared.submit();
         }
+    }
+
+    /// Reap completions in the caller's thread. io_uring completes direct IO through
+    /// task work run by the submitting thread, so a submitter that waits here gets its
+    /// completions without a trip through the completion thread.
+    fn can_poll(&self) -> bool {
+        true
+    }
+
+    fn poll(&self, _hctx: u16, timeout_ns: u64) -> usize {
+        let sh = &self.shared;
+        let ts = libc::timespec {
+            tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+        };
+        let arg = GeteventsArg { sigmask: 0, sigmask_sz: 0, min_wait_usec: 0, ts: &ts as *const _ as u64 };
+        let want = usize::from(timeout_ns > 0);
+        // SAFETY: EXT_ARG makes the kernel read `arg` (and the timespec it points to)
+        // during this call only; both live on this stack frame until it returns.
+        // Nothing is submitted (to_submit 0).
+        let r = unsafe {
+            sh.ring.submitter().enter(
+                0,
+                want as u32,
+                (EnterFlags::GETEVENTS | EnterFlags::EXT_ARG).bits(),
+                Some(&arg),
+            )
+        };
+        if let Err(e) = r {
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                // A kernel without EXT_ARG: run task work and reap without waiting.
+                // SAFETY: as in completion_loop: no argument, nothing submitted.
+                let _ = unsafe {
+                    sh.ring
+                        .submitter()
+                        .enter::<libc::sigset_t>(0, 0, EnterFlags::GETEVENTS.bits(), None)
+                };
+            }
+        }
+        let mut r = Reaper::default();
+        sh.reap(&mut r).0
     }
 
     fn as_any(&self) -> &dyn Any {
