@@ -7,3 +7,5 @@ pub mod block;
 pub mod buf;
 pub mod clock;
 pub mod dev;
+pub mod mm;
+pub mod writeback;

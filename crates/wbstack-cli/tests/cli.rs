@@ -1,0 +1,93 @@
+//! The `wbstack` binary as a user runs it: JSON shapes, tables, and clear errors.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn wbstack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wbstack")).args(args).output().expect("run wbstack")
+}
+
+fn json(out: &Output) -> Value {
+    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn lab_inflight_json_has_every_arm() {
+    let v = json(&wbstack(&["lab", "inflight", "--quick", "--json", "--runtime", "150ms"]));
+    assert_eq!(v["experiment"], "inflight");
+    let arms = v["arms"].as_array().unwrap();
+    assert_eq!(arms.len(), 6);
+    for jobs in [2, 32] {
+        for mode in ["off", "atomic", "tags"] {
+            let a = arms
+                .iter()
+                .find(|a| a["jobs"] == jobs && a["iostats"] == mode)
+                .unwrap_or_else(|| panic!("no arm {mode}/{jobs}"));
+            assert!(a["name"].is_string());
+            assert!(a["iops"].as_f64().unwrap() > 1000.0, "{a}");
+            for k in ["usr_pct", "sys_pct", "vs_off"] {
+                assert!(a[k].as_f64().is_some(), "{k} missing in {a}");
+            }
+        }
+    }
+}
+
+#[test]
+fn lab_inflight_prints_the_seed_table() {
+    let out = wbstack(&["lab", "inflight", "--quick", "--runtime", "100ms"]);
+    assert!(out.status.success());
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("seed 002"), "{s}");
+    assert!(s.contains("20.4M 30.9% 69.0%"), "seed figures printed beside ours: {s}");
+    assert!(s.contains("atomic costs"), "{s}");
+}
+
+#[test]
+fn bench_blk_json_fields_and_diskstats() {
+    let v = json(&wbstack(&[
+        "bench", "blk", "--device", "null", "--jobs", "2", "--rw", "randread", "--bs", "4k", "--iodepth", "4", "--runtime",
+        "200ms", "--iostats", "tags", "--json",
+    ]));
+    for k in ["iops", "mib_s", "usr_pct", "sys_pct", "lat_p50_us", "lat_p99_us", "lat_max_us"] {
+        assert!(v[k].as_f64().is_some(), "{k} missing: {v}");
+    }
+    let ios = v["ios"].as_u64().unwrap();
+    assert!(ios > 0);
+    // The device's diskstats saw exactly the IOs the jobs completed.
+    assert_eq!(v["diskstats"]["ios"][0].as_u64().unwrap(), ios);
+}
+
+#[test]
+fn bench_blk_on_sim_and_file_devices() {
+    let v = json(&wbstack(&[
+        "bench", "blk", "--device", "sim:ssd,iops=20000", "--rw", "randwrite", "--iodepth", "32", "--runtime", "400ms", "--json",
+    ]));
+    let iops = v["iops"].as_f64().unwrap();
+    assert!(iops > 15000.0 && iops < 22000.0, "sim:ssd at 20k IOPS cap gave {iops}");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let spec = format!("file:{},create=1,size=32M", dir.path().join("d.img").display());
+    let v = json(&wbstack(&["bench", "blk", "--device", &spec, "--rw", "randwrite", "--iodepth", "8", "--runtime", "200ms", "--json"]));
+    assert!(v["ios"].as_u64().unwrap() > 0);
+    assert_eq!(v["errors"].as_u64().unwrap(), 0);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "blk", "--device", "floppy"], "unknown device kind"),
+        (&["bench", "blk", "--device", "null,size=1001"], "not a multiple"),
+        (&["bench", "blk", "--device", "file:/nonexistent/x.img"], "no such file"),
+        (&["bench", "blk", "--bs", "1000"], "multiple of 512"),
+        (&["bench", "blk", "--rw", "sideways"], "unknown --rw"),
+        (&["bench", "blk", "--iostats", "maybe"], "unknown iostats mode"),
+        (&["lab", "nosuch"], "unknown experiment"),
+    ];
+    for (args, want) in cases {
+        let out = wbstack(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.to_lowercase().contains(&want.to_lowercase()), "{args:?}: expected '{want}' in: {err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+}

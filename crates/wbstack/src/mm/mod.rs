@@ -1,0 +1,3 @@
+//! Memory management: the page cache, dirty accounting and dirty throttling.
+
+pub mod throttle;

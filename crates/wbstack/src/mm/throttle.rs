@@ -1,0 +1,1 @@
+//! Dirty throttling (IO-less balance_dirty_pages). Placeholder.
