@@ -45,7 +45,14 @@ pub struct Plug {
 
 impl Plug {
     pub fn start() -> Plug {
-        PLUG.with(|p| p.borrow_mut().depth += 1);
+        let outermost = PLUG.with(|p| {
+            let mut p = p.borrow_mut();
+            p.depth += 1;
+            p.depth == 1
+        });
+        if outermost {
+            crate::trace::emit("block_plug", || serde_json::json!({}));
+        }
         Plug {
             _not_send: PhantomData,
         }
@@ -97,6 +104,8 @@ pub fn flush_plug() {
         std::mem::take(&mut p.list)
     });
     if !list.is_empty() {
+        let n = list.len();
+        crate::trace::emit("block_unplug", || serde_json::json!({"nr_rq": n}));
         dispatch_list(list);
     }
 }
