@@ -4,3 +4,4 @@ pub mod blkbench;
 pub mod fio;
 pub mod lab;
 pub mod util;
+pub mod wbbench;

@@ -50,6 +50,38 @@ struct LabArgs {
 enum BenchCmd {
     /// fio-like load on the block layer of one device.
     Blk(BlkArgs),
+    /// Many adjacent small files written back with writeback_plug on and off (test fs).
+    Smallfiles(SmallfilesArgs),
+    /// One buffered writer faster than the device: dirty throttling at work (test fs).
+    Dirty(DirtyArgs),
+}
+
+#[derive(Args)]
+struct SmallfilesArgs {
+    #[arg(long, default_value = "sim:ssd")]
+    device: String,
+    #[arg(long, default_value_t = 10000)]
+    files: u64,
+    #[arg(long, default_value = "4k", value_parser = size_arg)]
+    file_size: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct DirtyArgs {
+    #[arg(long, default_value = "sim:ssd,data=0")]
+    device: String,
+    /// Bytes written in all.
+    #[arg(long, default_value = "2G", value_parser = size_arg)]
+    size: u64,
+    #[arg(long, default_value = "1M", value_parser = size_arg)]
+    bs: u64,
+    /// Page cache size (the dirtyable memory the thresholds are fractions of).
+    #[arg(long, default_value = "4G", value_parser = size_arg)]
+    cache: u64,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -189,6 +221,27 @@ fn main() -> ExitCode {
     let res = match cli.cmd {
         Cmd::Lab(a) => run_lab(a),
         Cmd::Bench(BenchCmd::Blk(a)) => run_blk(a),
+        Cmd::Bench(BenchCmd::Smallfiles(a)) => {
+            wbstack_cli::wbbench::smallfiles(&a.device, a.files, a.file_size).and_then(|arms| {
+                if a.json {
+                    let v = serde_json::json!({"experiment": "smallfiles", "arms": arms});
+                    println!("{v}");
+                } else {
+                    wbstack_cli::wbbench::print_smallfiles(&arms);
+                }
+                Ok(())
+            })
+        }
+        Cmd::Bench(BenchCmd::Dirty(a)) => {
+            wbstack_cli::wbbench::dirty(&a.device, a.size, a.bs, a.cache).and_then(|r| {
+                if a.json {
+                    println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+                } else {
+                    wbstack_cli::wbbench::print_dirty(&r);
+                }
+                Ok(())
+            })
+        }
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,17 +4,32 @@ use serde_json::Value;
 use std::process::{Command, Output};
 
 fn wbstack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_wbstack")).args(args).output().expect("run wbstack")
+    Command::new(env!("CARGO_BIN_EXE_wbstack"))
+        .args(args)
+        .output()
+        .expect("run wbstack")
 }
 
 fn json(out: &Output) -> Value {
-    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 #[test]
 fn lab_inflight_json_has_every_arm() {
-    let v = json(&wbstack(&["lab", "inflight", "--quick", "--json", "--runtime", "150ms"]));
+    let v = json(&wbstack(&[
+        "lab",
+        "inflight",
+        "--quick",
+        "--json",
+        "--runtime",
+        "150ms",
+    ]));
     assert_eq!(v["experiment"], "inflight");
     let arms = v["arms"].as_array().unwrap();
     assert_eq!(arms.len(), 6);
@@ -39,17 +54,43 @@ fn lab_inflight_prints_the_seed_table() {
     assert!(out.status.success());
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(s.contains("seed 002"), "{s}");
-    assert!(s.contains("20.4M 30.9% 69.0%"), "seed figures printed beside ours: {s}");
+    assert!(
+        s.contains("20.4M 30.9% 69.0%"),
+        "seed figures printed beside ours: {s}"
+    );
     assert!(s.contains("atomic costs"), "{s}");
 }
 
 #[test]
 fn bench_blk_json_fields_and_diskstats() {
     let v = json(&wbstack(&[
-        "bench", "blk", "--device", "null", "--jobs", "2", "--rw", "randread", "--bs", "4k", "--iodepth", "4", "--runtime",
-        "200ms", "--iostats", "tags", "--json",
+        "bench",
+        "blk",
+        "--device",
+        "null",
+        "--jobs",
+        "2",
+        "--rw",
+        "randread",
+        "--bs",
+        "4k",
+        "--iodepth",
+        "4",
+        "--runtime",
+        "200ms",
+        "--iostats",
+        "tags",
+        "--json",
     ]));
-    for k in ["iops", "mib_s", "usr_pct", "sys_pct", "lat_p50_us", "lat_p99_us", "lat_max_us"] {
+    for k in [
+        "iops",
+        "mib_s",
+        "usr_pct",
+        "sys_pct",
+        "lat_p50_us",
+        "lat_p99_us",
+        "lat_max_us",
+    ] {
         assert!(v[k].as_f64().is_some(), "{k} missing: {v}");
     }
     let ios = v["ios"].as_u64().unwrap();
@@ -61,13 +102,41 @@ fn bench_blk_json_fields_and_diskstats() {
 #[test]
 fn bench_blk_on_sim_and_file_devices() {
     let v = json(&wbstack(&[
-        "bench", "blk", "--device", "sim:ssd,iops=20000", "--rw", "randwrite", "--iodepth", "32", "--runtime", "400ms", "--json",
+        "bench",
+        "blk",
+        "--device",
+        "sim:ssd,iops=20000",
+        "--rw",
+        "randwrite",
+        "--iodepth",
+        "32",
+        "--runtime",
+        "400ms",
+        "--json",
     ]));
     let iops = v["iops"].as_f64().unwrap();
-    assert!(iops > 15000.0 && iops < 22000.0, "sim:ssd at 20k IOPS cap gave {iops}");
+    assert!(
+        iops > 15000.0 && iops < 22000.0,
+        "sim:ssd at 20k IOPS cap gave {iops}"
+    );
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let spec = format!("file:{},create=1,size=32M", dir.path().join("d.img").display());
-    let v = json(&wbstack(&["bench", "blk", "--device", &spec, "--rw", "randwrite", "--iodepth", "8", "--runtime", "200ms", "--json"]));
+    let spec = format!(
+        "file:{},create=1,size=32M",
+        dir.path().join("d.img").display()
+    );
+    let v = json(&wbstack(&[
+        "bench",
+        "blk",
+        "--device",
+        &spec,
+        "--rw",
+        "randwrite",
+        "--iodepth",
+        "8",
+        "--runtime",
+        "200ms",
+        "--json",
+    ]));
     assert!(v["ios"].as_u64().unwrap() > 0);
     assert_eq!(v["errors"].as_u64().unwrap(), 0);
 }
@@ -75,19 +144,34 @@ fn bench_blk_on_sim_and_file_devices() {
 #[test]
 fn bad_input_is_a_clear_error() {
     let cases: &[(&[&str], &str)] = &[
-        (&["bench", "blk", "--device", "floppy"], "unknown device kind"),
-        (&["bench", "blk", "--device", "null,size=1001"], "not a multiple"),
-        (&["bench", "blk", "--device", "file:/nonexistent/x.img"], "no such file"),
+        (
+            &["bench", "blk", "--device", "floppy"],
+            "unknown device kind",
+        ),
+        (
+            &["bench", "blk", "--device", "null,size=1001"],
+            "not a multiple",
+        ),
+        (
+            &["bench", "blk", "--device", "file:/nonexistent/x.img"],
+            "no such file",
+        ),
         (&["bench", "blk", "--bs", "1000"], "multiple of 512"),
         (&["bench", "blk", "--rw", "sideways"], "unknown --rw"),
-        (&["bench", "blk", "--iostats", "maybe"], "unknown iostats mode"),
+        (
+            &["bench", "blk", "--iostats", "maybe"],
+            "unknown iostats mode",
+        ),
         (&["lab", "nosuch"], "unknown experiment"),
     ];
     for (args, want) in cases {
         let out = wbstack(args);
         assert!(!out.status.success(), "{args:?} succeeded");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.to_lowercase().contains(&want.to_lowercase()), "{args:?}: expected '{want}' in: {err}");
+        assert!(
+            err.to_lowercase().contains(&want.to_lowercase()),
+            "{args:?}: expected '{want}' in: {err}"
+        );
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
 }

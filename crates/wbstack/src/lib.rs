@@ -8,6 +8,6 @@ pub mod buf;
 pub mod clock;
 pub mod dev;
 pub mod mm;
-// pub mod testfs;
+pub mod testfs;
 pub mod trace;
 pub mod writeback;

@@ -26,7 +26,11 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static RING: OnceLock<Ring> = OnceLock::new();
 
 fn ring() -> &'static Ring {
-    RING.get_or_init(|| Ring { events: Mutex::new(VecDeque::new()), cap: Mutex::new(65536), start: Instant::now() })
+    RING.get_or_init(|| Ring {
+        events: Mutex::new(VecDeque::new()),
+        cap: Mutex::new(65536),
+        start: Instant::now(),
+    })
 }
 
 /// Start recording, keeping the newest `capacity` events.
@@ -51,7 +55,11 @@ pub fn emit(event: &'static str, fields: impl FnOnce() -> serde_json::Value) {
         return;
     }
     let r = ring();
-    let ev = TraceEvent { ts_ns: r.start.elapsed().as_nanos() as u64, event, fields: fields() };
+    let ev = TraceEvent {
+        ts_ns: r.start.elapsed().as_nanos() as u64,
+        event,
+        fields: fields(),
+    };
     let cap = *r.cap.lock();
     let mut q = r.events.lock();
     while q.len() >= cap {

@@ -643,13 +643,19 @@ mod qos_chain {
             let _plug = Plug::start();
             for i in 0..10u64 {
                 // Scattered: each write needs its own request, so each is throttled.
-                q.submit_bio(Bio::write(i * 100, IoBuf::zeroed(4096)).with_end_io(w.clone())).unwrap();
+                q.submit_bio(Bio::write(i * 100, IoBuf::zeroed(4096)).with_end_io(w.clone()))
+                    .unwrap();
             }
-            q.submit_bio(Bio::read(5000, 4096).with_end_io(w.clone())).unwrap();
+            q.submit_bio(Bio::read(5000, 4096).with_end_io(w.clone()))
+                .unwrap();
         }
         assert_eq!(w.wait_n(11).len(), 11);
         assert_eq!(*qos.calls.lock(), [11, 11, 11]);
-        assert_eq!(*qos.max_seen.lock(), 1, "never more than one tracked write in flight");
+        assert_eq!(
+            *qos.max_seen.lock(),
+            1,
+            "never more than one tracked write in flight"
+        );
     }
 
     #[test]
@@ -657,16 +663,28 @@ mod qos_chain {
         let dev = dev::open("null,hw_queues=1,completion_nsec=1ms", RealClock::new()).unwrap();
         let q = RequestQueue::new(dev, QueueConfig::default()).unwrap();
         q.read_sync(0, 4096).unwrap();
-        assert_eq!(q.latency_window().take()[0].nr, 0, "nothing collected while disarmed");
+        assert_eq!(
+            q.latency_window().take()[0].nr,
+            0,
+            "nothing collected while disarmed"
+        );
         q.latency_window().arm(true);
         for i in 0..3 {
             q.read_sync(i * 8, 4096).unwrap();
         }
-        q.write_sync(64, IoBuf::zeroed(4096), BioFlags::empty()).unwrap();
+        q.write_sync(64, IoBuf::zeroed(4096), BioFlags::empty())
+            .unwrap();
         q.flush_sync().unwrap();
         let [r, wr] = q.latency_window().take();
         assert_eq!((r.nr, wr.nr), (3, 1), "flushes are not latency samples");
-        assert!(r.min_ns >= 1_000_000 && r.max_ns >= r.min_ns && r.mean_ns() >= r.min_ns, "{r:?}");
-        assert_eq!(q.latency_window().take()[0].nr, 0, "take starts a new window");
+        assert!(
+            r.min_ns >= 1_000_000 && r.max_ns >= r.min_ns && r.mean_ns() >= r.min_ns,
+            "{r:?}"
+        );
+        assert_eq!(
+            q.latency_window().take()[0].nr,
+            0,
+            "take starts a new window"
+        );
     }
 }

@@ -42,7 +42,11 @@ fn merged_writes_read_back(q: &Arc<RequestQueue>, seed: u64) {
             for i in 0..40 {
                 // Every other write starts where the previous one ended, so requests
                 // merge in the plug; the rest land anywhere.
-                let start = if i % 2 == 1 && prev_end < blocks { prev_end } else { next() % blocks };
+                let start = if i % 2 == 1 && prev_end < blocks {
+                    prev_end
+                } else {
+                    next() % blocks
+                };
                 let len = (next() % 40 + 1).min(blocks - start);
                 if (start..start + len).any(|b| used[b as usize]) {
                     continue;
@@ -50,8 +54,10 @@ fn merged_writes_read_back(q: &Arc<RequestQueue>, seed: u64) {
                 (start..start + len).for_each(|b| used[b as usize] = true);
                 prev_end = start + len;
                 let buf = pattern(len as usize * 4096, seed * 1000 + batch * 100 + i);
-                expected[start as usize * 4096..(start + len) as usize * 4096].copy_from_slice(buf.as_slice());
-                q.submit_bio(Bio::write(start * 8, buf).with_end_io(w.clone())).unwrap();
+                expected[start as usize * 4096..(start + len) as usize * 4096]
+                    .copy_from_slice(buf.as_slice());
+                q.submit_bio(Bio::write(start * 8, buf).with_end_io(w.clone()))
+                    .unwrap();
                 n += 1;
             }
         }
@@ -61,10 +67,17 @@ fn merged_writes_read_back(q: &Arc<RequestQueue>, seed: u64) {
     }
     q.flush_sync().unwrap();
     let all = q.read_sync(0, expected.len()).unwrap();
-    assert!(all.as_slice() == &expected[..], "{}: data read back differs", q.device().spec());
+    assert!(
+        all.as_slice() == &expected[..],
+        "{}: data read back differs",
+        q.device().spec()
+    );
     for b in (0..blocks).step_by(37) {
         let one = q.read_sync(b * 8, 4096).unwrap();
-        assert_eq!(one.as_slice(), &expected[b as usize * 4096..(b as usize + 1) * 4096]);
+        assert_eq!(
+            one.as_slice(),
+            &expected[b as usize * 4096..(b as usize + 1) * 4096]
+        );
     }
     let d = q.diskstats();
     assert!(d.merges[1] > 0, "{}: no merges happened", q.device().spec());
@@ -81,14 +94,18 @@ fn read_back_through_merged_requests_on_every_device_kind() {
         format!("file:{},create=1,size=64M", img.display()),
     ];
     for (i, spec) in specs.iter().enumerate() {
-        let q = RequestQueue::open(spec, QueueConfig::default()).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        let q = RequestQueue::open(spec, QueueConfig::default())
+            .unwrap_or_else(|e| panic!("{spec}: {e}"));
         merged_writes_read_back(&q, i as u64 + 1);
     }
 }
 
 fn sim_queue(spec: &str) -> (Arc<RequestQueue>, dev::DeviceRef) {
     let d = dev::open(spec, RealClock::new()).unwrap();
-    (RequestQueue::new(d.clone(), QueueConfig::default()).unwrap(), d)
+    (
+        RequestQueue::new(d.clone(), QueueConfig::default()).unwrap(),
+        d,
+    )
 }
 
 #[test]
@@ -101,42 +118,74 @@ fn injected_eio_reaches_every_bio_of_a_merged_request() {
         let _plug = Plug::start();
         for i in 0..4u64 {
             // Sectors 48..80: one merged request overlapping the bad range.
-            q.submit_bio(Bio::write(48 + i * 8, pattern(4096, i)).with_end_io(w.clone())).unwrap();
+            q.submit_bio(Bio::write(48 + i * 8, pattern(4096, i)).with_end_io(w.clone()))
+                .unwrap();
         }
-        q.submit_bio(Bio::write(1024, pattern(4096, 9)).with_end_io(w.clone())).unwrap();
+        q.submit_bio(Bio::write(1024, pattern(4096, 9)).with_end_io(w.clone()))
+            .unwrap();
     }
     let done = w.wait_n(5);
-    let failed: Vec<u64> = done.iter().filter(|(_, s)| s.is_err()).map(|(b, _)| b.sector).collect();
+    let failed: Vec<u64> = done
+        .iter()
+        .filter(|(_, s)| s.is_err())
+        .map(|(b, _)| b.sector)
+        .collect();
     let mut failed = failed;
     failed.sort();
-    assert_eq!(failed, vec![48, 56, 64, 72], "every bio of the failing request sees EIO");
-    assert!(done.iter().all(|(_, s)| s.as_ref().err().is_none_or(|e| *e == BlkError::Io)));
+    assert_eq!(
+        failed,
+        vec![48, 56, 64, 72],
+        "every bio of the failing request sees EIO"
+    );
+    assert!(done
+        .iter()
+        .all(|(_, s)| s.as_ref().err().is_none_or(|e| *e == BlkError::Io)));
     // Reads outside the range work; the failed write moved no data.
     assert_eq!(q.read_sync(48, 4096).unwrap().as_slice(), &[0u8; 4096][..]);
-    assert_eq!(q.read_sync(1024, 4096).unwrap().as_slice(), pattern(4096, 9).as_slice());
-    assert_eq!(q.write_sync(64, pattern(4096, 1), BioFlags::empty()), Err(BlkError::Io));
+    assert_eq!(
+        q.read_sync(1024, 4096).unwrap().as_slice(),
+        pattern(4096, 9).as_slice()
+    );
+    assert_eq!(
+        q.write_sync(64, pattern(4096, 1), BioFlags::empty()),
+        Err(BlkError::Io)
+    );
 }
 
 #[test]
 fn power_cut_keeps_flushed_and_fua_data_only() {
     let (q, d) = sim_queue("sim:ssd,size=16M,iops=1000000,bw=10G,lat=1us");
     let sim = d.as_any().downcast_ref::<SimDevice>().unwrap();
-    q.write_sync(0, pattern(8192, 1), BioFlags::empty()).unwrap();
+    q.write_sync(0, pattern(8192, 1), BioFlags::empty())
+        .unwrap();
     q.flush_sync().unwrap();
-    q.write_sync(16, pattern(4096, 2), BioFlags::empty()).unwrap(); // unflushed
+    q.write_sync(16, pattern(4096, 2), BioFlags::empty())
+        .unwrap(); // unflushed
     q.write_sync(24, pattern(4096, 3), BioFlags::FUA).unwrap();
-    q.write_sync(0, pattern(4096, 4), BioFlags::empty()).unwrap(); // overwrite, unflushed
+    q.write_sync(0, pattern(4096, 4), BioFlags::empty())
+        .unwrap(); // overwrite, unflushed
     sim.power_cut(false);
     assert!(matches!(q.read_sync(0, 4096), Err(BlkError::PowerLoss)));
     sim.reboot();
-    assert_eq!(q.read_sync(0, 8192).unwrap().as_slice(), pattern(8192, 1).as_slice());
+    assert_eq!(
+        q.read_sync(0, 8192).unwrap().as_slice(),
+        pattern(8192, 1).as_slice()
+    );
     assert_eq!(q.read_sync(16, 4096).unwrap().as_slice(), &[0u8; 4096][..]);
-    assert_eq!(q.read_sync(24, 4096).unwrap().as_slice(), pattern(4096, 3).as_slice());
+    assert_eq!(
+        q.read_sync(24, 4096).unwrap().as_slice(),
+        pattern(4096, 3).as_slice()
+    );
     // A preflush write makes what completed before it durable.
-    q.write_sync(40, pattern(4096, 5), BioFlags::empty()).unwrap();
-    q.write_sync(48, pattern(4096, 6), BioFlags::PREFLUSH).unwrap();
+    q.write_sync(40, pattern(4096, 5), BioFlags::empty())
+        .unwrap();
+    q.write_sync(48, pattern(4096, 6), BioFlags::PREFLUSH)
+        .unwrap();
     sim.power_cut(false);
     sim.reboot();
-    assert_eq!(q.read_sync(40, 4096).unwrap().as_slice(), pattern(4096, 5).as_slice());
+    assert_eq!(
+        q.read_sync(40, 4096).unwrap().as_slice(),
+        pattern(4096, 5).as_slice()
+    );
     assert_eq!(q.diskstats().in_flight, [0, 0]);
 }

@@ -850,7 +850,12 @@ impl Device for UringDevice {
             tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
             tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
         };
-        let arg = GeteventsArg { sigmask: 0, sigmask_sz: 0, min_wait_usec: 0, ts: &ts as *const _ as u64 };
+        let arg = GeteventsArg {
+            sigmask: 0,
+            sigmask_sz: 0,
+            min_wait_usec: 0,
+            ts: &ts as *const _ as u64,
+        };
         let want = usize::from(timeout_ns > 0);
         // SAFETY: EXT_ARG makes the kernel read `arg` (and the timespec it points to)
         // during this call only; both live on this stack frame until it returns.
@@ -868,9 +873,12 @@ impl Device for UringDevice {
                 // A kernel without EXT_ARG: run task work and reap without waiting.
                 // SAFETY: as in completion_loop: no argument, nothing submitted.
                 let _ = unsafe {
-                    sh.ring
-                        .submitter()
-                        .enter::<libc::sigset_t>(0, 0, EnterFlags::GETEVENTS.bits(), None)
+                    sh.ring.submitter().enter::<libc::sigset_t>(
+                        0,
+                        0,
+                        EnterFlags::GETEVENTS.bits(),
+                        None,
+                    )
                 };
             }
         }

@@ -1,3 +1,7 @@
-//! Writeback: per-device dirty inode lists, the flusher, and the queueing policy.
+//! Writeback: per-device dirty inode lists, the flusher thread and its works, and the
+//! queueing policy.
 
 pub mod policy;
+pub mod wb;
+
+pub use wb::{Bdi, WbConfig, WbInode, Wbc, WorkHandle};

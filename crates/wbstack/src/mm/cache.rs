@@ -1,0 +1,739 @@
+//! The page cache: per-inode mappings of 4 KiB pages with dirty / writeback / towrite
+//! state, buffered reads and writes at any offset, on-demand readahead, LRU reclaim of
+//! clean pages, and the generic writepages that turns dirty pages into bios.
+
+use crate::block::{Bio, BioEndIo, BioFlags, BlkError, BlkResult, Plug};
+use crate::buf::IoBuf;
+use crate::writeback::{Bdi, WbInode, Wbc};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+pub const PAGE_SIZE: usize = 4096;
+const PAGE_SECTORS: u64 = (PAGE_SIZE / 512) as u64;
+
+/// Where an inode's pages live on the device. Implemented by a filesystem.
+pub trait AddressSpaceOps: Send + Sync + 'static {
+    /// Map `n` pages of `ino` from page `index` for writing, allocating blocks where
+    /// needed (delayed allocation happens here). Returns (first sector, pages) runs
+    /// covering the range in order.
+    fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError>;
+    /// Map for reading: (Some(first sector) or None for a hole, pages) runs in order.
+    fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError>;
+    /// Write the inode's metadata (write_inode).
+    fn write_inode(&self, _ino: u64, _sync: bool) -> BlkResult {
+        Ok(())
+    }
+    /// A data write of pages [index, index+n) completed (ordered-data hook).
+    fn end_write(&self, _ino: u64, _index: u64, _n: u64, _status: &BlkResult) {}
+}
+
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    /// Bytes of page cache; clean pages are reclaimed to stay under it, and the dirty
+    /// thresholds are fractions of it (it is the "dirtyable memory").
+    pub cache_size: u64,
+    /// Largest readahead window, in pages (read_ahead_kb / 4).
+    pub ra_max_pages: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            cache_size: 1 << 30,
+            ra_max_pages: 32,
+        }
+    }
+}
+
+struct LruEntry {
+    mapping: Weak<Mapping>,
+    index: u64,
+}
+
+/// Global page cache state, shared by every device.
+pub struct PageCache {
+    pub cfg: CacheConfig,
+    nr_pages: AtomicU64,
+    nr_dirty: AtomicU64,
+    nr_writeback: AtomicU64,
+    lru: Mutex<VecDeque<LruEntry>>,
+}
+
+impl PageCache {
+    pub fn new(cfg: CacheConfig) -> Arc<PageCache> {
+        Arc::new(PageCache {
+            cfg,
+            nr_pages: AtomicU64::new(0),
+            nr_dirty: AtomicU64::new(0),
+            nr_writeback: AtomicU64::new(0),
+            lru: Mutex::new(VecDeque::new()),
+        })
+    }
+    pub fn capacity_pages(&self) -> u64 {
+        (self.cfg.cache_size / PAGE_SIZE as u64).max(16)
+    }
+    pub fn nr_pages(&self) -> u64 {
+        self.nr_pages.load(Ordering::Relaxed)
+    }
+    /// NR_FILE_DIRTY.
+    pub fn nr_dirty(&self) -> u64 {
+        self.nr_dirty.load(Ordering::Relaxed)
+    }
+    /// NR_WRITEBACK.
+    pub fn nr_writeback(&self) -> u64 {
+        self.nr_writeback.load(Ordering::Relaxed)
+    }
+
+    /// Reclaim clean, idle pages (second chance on referenced ones) until under the
+    /// capacity or a full scan found nothing more to free.
+    fn reclaim(&self) {
+        let cap = self.capacity_pages();
+        if self.nr_pages() <= cap {
+            return;
+        }
+        let mut lru = self.lru.lock();
+        let mut budget = lru.len();
+        while self.nr_pages() > cap && budget > 0 {
+            budget -= 1;
+            let Some(e) = lru.pop_front() else { break };
+            let Some(m) = e.mapping.upgrade() else {
+                continue;
+            };
+            let mut inner = m.inner.lock();
+            match inner.pages.get_mut(&e.index) {
+                None => {}
+                Some(p) if p.dirty || p.writeback || p.reading || !p.uptodate => {
+                    drop(inner);
+                    lru.push_back(e);
+                }
+                Some(p) if p.referenced => {
+                    p.referenced = false;
+                    drop(inner);
+                    lru.push_back(e);
+                }
+                Some(_) => {
+                    inner.pages.remove(&e.index);
+                    self.nr_pages.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+struct Page {
+    buf: IoBuf,
+    dirty: bool,
+    writeback: bool,
+    towrite: bool,
+    uptodate: bool,
+    /// A read is filling it; wait on the mapping's condvar.
+    reading: bool,
+    referenced: bool,
+}
+
+impl Page {
+    fn new() -> Page {
+        Page {
+            buf: IoBuf::zeroed(PAGE_SIZE),
+            dirty: false,
+            writeback: false,
+            towrite: false,
+            uptodate: false,
+            reading: false,
+            referenced: true,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Readahead {
+    /// Page after the last one read: a read starting here is sequential.
+    next: u64,
+    window: u64,
+}
+
+struct Inner {
+    pages: BTreeMap<u64, Page>,
+    size: u64,
+    nr_dirty: u64,
+    /// Cyclic writeback cursor (mapping->writeback_index).
+    writeback_index: u64,
+    ra: Readahead,
+    /// Latest write or read error (errseq builds on this).
+    error: Option<BlkError>,
+}
+
+/// One inode's pages.
+pub struct Mapping {
+    ino: u64,
+    bdi: Arc<Bdi>,
+    ops: Arc<dyn AddressSpaceOps>,
+    inner: Mutex<Inner>,
+    /// Signalled when a page leaves writeback or finishes reading.
+    cv: Condvar,
+    me: Weak<Mapping>,
+}
+
+impl Mapping {
+    pub fn new(ino: u64, size: u64, bdi: Arc<Bdi>, ops: Arc<dyn AddressSpaceOps>) -> Arc<Mapping> {
+        Arc::new_cyclic(|me| Mapping {
+            ino,
+            bdi,
+            ops,
+            inner: Mutex::new(Inner {
+                pages: BTreeMap::new(),
+                size,
+                nr_dirty: 0,
+                writeback_index: 0,
+                ra: Readahead::default(),
+                error: None,
+            }),
+            cv: Condvar::new(),
+            me: me.clone(),
+        })
+    }
+
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+    pub fn bdi(&self) -> &Arc<Bdi> {
+        &self.bdi
+    }
+    pub fn size(&self) -> u64 {
+        self.inner.lock().size
+    }
+    pub fn nr_dirty(&self) -> u64 {
+        self.inner.lock().nr_dirty
+    }
+    pub fn nr_pages(&self) -> usize {
+        self.inner.lock().pages.len()
+    }
+    /// Pages currently under writeback.
+    pub fn nr_writeback(&self) -> usize {
+        self.inner
+            .lock()
+            .pages
+            .values()
+            .filter(|p| p.writeback)
+            .count()
+    }
+    /// The latest IO error seen on this mapping, if any (kept across eviction).
+    pub fn error(&self) -> Option<BlkError> {
+        self.inner.lock().error.clone()
+    }
+    pub fn take_error(&self) -> Option<BlkError> {
+        self.inner.lock().error.take()
+    }
+
+    fn arc(&self) -> Arc<Mapping> {
+        self.me.upgrade().expect("mapping in use is alive")
+    }
+
+    fn cache(&self) -> &PageCache {
+        self.bdi.cache()
+    }
+
+    fn insert_page(&self, inner: &mut Inner, index: u64) {
+        inner.pages.insert(index, Page::new());
+        self.cache().nr_pages.fetch_add(1, Ordering::Relaxed);
+        self.cache().lru.lock().push_back(LruEntry {
+            mapping: self.me.clone(),
+            index,
+        });
+    }
+
+    /// Mark a page dirty; returns whether it was clean.
+    fn set_dirty(&self, inner: &mut Inner, index: u64) -> bool {
+        let p = inner.pages.get_mut(&index).expect("page present");
+        if p.dirty {
+            return false;
+        }
+        p.dirty = true;
+        inner.nr_dirty += 1;
+        self.cache().nr_dirty.fetch_add(1, Ordering::Relaxed);
+        self.bdi.account_dirtied(1);
+        true
+    }
+
+    fn clear_dirty(&self, p: &mut Page, nr_dirty: &mut u64) {
+        if p.dirty {
+            p.dirty = false;
+            p.towrite = false;
+            *nr_dirty -= 1;
+            self.cache().nr_dirty.fetch_sub(1, Ordering::Relaxed);
+            self.bdi.account_cleaned(1);
+        }
+    }
+
+    /// Buffered write of `data` at byte `off`. Partial pages inside the file are read
+    /// first (read-modify-write); the writer is then throttled (never made to write).
+    pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize, BlkError> {
+        let mut done = 0usize;
+        let mut newly_dirty = 0u64;
+        let mut became_dirty = false;
+        while done < data.len() {
+            let pos = off + done as u64;
+            let index = pos / PAGE_SIZE as u64;
+            let in_page = (pos % PAGE_SIZE as u64) as usize;
+            let n = (PAGE_SIZE - in_page).min(data.len() - done);
+            let partial = in_page != 0 || n != PAGE_SIZE;
+            let mut inner = self.inner.lock();
+            if !inner.pages.contains_key(&index) {
+                let page_start = index * PAGE_SIZE as u64;
+                if partial && page_start < inner.size {
+                    drop(inner);
+                    self.read_pages(index, 1)?;
+                    inner = self.inner.lock();
+                    inner = self.wait_page_read(inner, index)?;
+                } else {
+                    self.insert_page(&mut inner, index);
+                    // A page at or past EOF, or fully overwritten: its old content is
+                    // zeros or irrelevant.
+                    inner.pages.get_mut(&index).unwrap().uptodate = true;
+                }
+            } else {
+                inner = self.wait_page_read(inner, index)?;
+                if partial && !inner.pages[&index].uptodate {
+                    drop(inner);
+                    self.read_pages(index, 1)?;
+                    inner = self.inner.lock();
+                    inner = self.wait_page_read(inner, index)?;
+                }
+            }
+            {
+                let p = inner.pages.get_mut(&index).unwrap();
+                p.buf.as_mut_slice()[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+                p.uptodate = true;
+                p.referenced = true;
+            }
+            let was_clean_inode = inner.nr_dirty == 0;
+            if self.set_dirty(&mut inner, index) {
+                newly_dirty += 1;
+                became_dirty |= was_clean_inode;
+            }
+            let end = pos + n as u64;
+            if end > inner.size {
+                inner.size = end;
+            }
+            drop(inner);
+            if became_dirty {
+                // __mark_inode_dirty: only the clean→dirty transition queues the inode.
+                self.bdi.mark_inode_dirty(self.arc());
+                became_dirty = false;
+            }
+            done += n;
+        }
+        self.cache().reclaim();
+        if newly_dirty > 0 {
+            self.bdi.balance_dirty_pages(newly_dirty);
+        }
+        Ok(done)
+    }
+
+    /// Wait until `index` is not being read; error if the read failed (page gone).
+    fn wait_page_read<'a>(
+        &self,
+        mut inner: MutexGuard<'a, Inner>,
+        index: u64,
+    ) -> Result<MutexGuard<'a, Inner>, BlkError> {
+        loop {
+            match inner.pages.get(&index) {
+                Some(p) if p.reading => {
+                    crate::block::flush_plug();
+                    self.cv.wait(&mut inner);
+                }
+                Some(_) => return Ok(inner),
+                None => return Err(inner.error.clone().unwrap_or(BlkError::Io)),
+            }
+        }
+    }
+
+    /// Buffered read into `out` at byte `off`; returns bytes read (short at EOF).
+    pub fn read_at(&self, off: u64, out: &mut [u8]) -> Result<usize, BlkError> {
+        let size = self.size();
+        if off >= size {
+            return Ok(0);
+        }
+        let len = out.len().min((size - off) as usize);
+        let mut done = 0usize;
+        while done < len {
+            let pos = off + done as u64;
+            let index = pos / PAGE_SIZE as u64;
+            let in_page = (pos % PAGE_SIZE as u64) as usize;
+            let n = (PAGE_SIZE - in_page).min(len - done);
+            let mut inner = self.inner.lock();
+            let present = inner
+                .pages
+                .get(&index)
+                .is_some_and(|p| p.uptodate || p.reading);
+            if !present {
+                let window = {
+                    let ra = &mut inner.ra;
+                    ra.window = if index == ra.next && ra.window > 0 {
+                        (ra.window * 2).min(self.cache().cfg.ra_max_pages)
+                    } else {
+                        4.min(self.cache().cfg.ra_max_pages).max(1)
+                    };
+                    ra.window
+                };
+                let eof_pages = size.div_ceil(PAGE_SIZE as u64);
+                drop(inner);
+                self.read_pages(index, window.min(eof_pages - index))?;
+                inner = self.inner.lock();
+            }
+            inner = self.wait_page_read(inner, index)?;
+            {
+                let p = inner.pages.get_mut(&index).unwrap();
+                p.referenced = true;
+                out[done..done + n].copy_from_slice(&p.buf.as_slice()[in_page..in_page + n]);
+            }
+            inner.ra.next = index + 1;
+            drop(inner);
+            done += n;
+        }
+        self.cache().reclaim();
+        Ok(done)
+    }
+
+    /// Start reading the absent pages of [index, index+n) (one bio per mapped run, in a
+    /// plug); holes become zero pages at once.
+    fn read_pages(&self, index: u64, n: u64) -> BlkResult {
+        let mut todo = Vec::new();
+        {
+            let mut inner = self.inner.lock();
+            for i in index..index + n {
+                match inner.pages.get_mut(&i) {
+                    Some(p) if p.uptodate || p.reading => {}
+                    Some(p) => {
+                        p.reading = true;
+                        todo.push(i);
+                    }
+                    None => {
+                        self.insert_page(&mut inner, i);
+                        inner.pages.get_mut(&i).unwrap().reading = true;
+                        todo.push(i);
+                    }
+                }
+            }
+        }
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let q = self.bdi.queue().clone();
+        let _plug = Plug::start();
+        // Contiguous runs of pages to read.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for i in todo {
+            match runs.last_mut() {
+                Some((s, c)) if *s + *c == i => *c += 1,
+                _ => runs.push((i, 1)),
+            }
+        }
+        for (start, cnt) in runs {
+            let map = match self.ops.map_read(self.ino, start, cnt) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.end_read(start, cnt, None, Err(e.clone()));
+                    return Err(e);
+                }
+            };
+            let mut idx = start;
+            for (sector, pages) in map {
+                match sector {
+                    None => self.end_read(idx, pages, None, Ok(())),
+                    Some(sec) => {
+                        let bio = Bio::read(sec, (pages as usize) * PAGE_SIZE).with_end_io(
+                            Arc::new(ReadEnd {
+                                mapping: self.arc(),
+                                index: idx,
+                                pages,
+                            }),
+                        );
+                        if let Err(e) = q.submit_bio(bio) {
+                            self.end_read(idx, pages, None, Err(e.clone()));
+                            return Err(e);
+                        }
+                    }
+                }
+                idx += pages;
+            }
+        }
+        Ok(())
+    }
+
+    fn end_read(&self, index: u64, n: u64, data: Option<&IoBuf>, status: BlkResult) {
+        let mut inner = self.inner.lock();
+        for k in 0..n {
+            let i = index + k;
+            let ok = status.is_ok();
+            if let Some(p) = inner.pages.get_mut(&i) {
+                if !p.reading {
+                    continue;
+                }
+                p.reading = false;
+                if ok {
+                    match data {
+                        Some(d) => p.buf.as_mut_slice().copy_from_slice(
+                            &d.as_slice()[k as usize * PAGE_SIZE..(k as usize + 1) * PAGE_SIZE],
+                        ),
+                        None => p.buf.as_mut_slice().fill(0),
+                    }
+                    p.uptodate = true;
+                }
+            }
+            if !ok && inner.pages.get(&i).is_some_and(|p| !p.uptodate && !p.dirty) {
+                inner.pages.remove(&i);
+                self.cache().nr_pages.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        if let Err(e) = status {
+            inner.error = Some(e);
+        }
+        drop(inner);
+        self.cv.notify_all();
+    }
+
+    /// Change the file size; pages past the new end are dropped (dirty ones too).
+    pub fn set_size(&self, size: u64) {
+        let mut inner = self.inner.lock();
+        let first_gone = size.div_ceil(PAGE_SIZE as u64);
+        let gone: Vec<u64> = inner.pages.range(first_gone..).map(|(k, _)| *k).collect();
+        for k in gone {
+            let mut p = inner.pages.remove(&k).unwrap();
+            let mut nd = inner.nr_dirty;
+            self.clear_dirty(&mut p, &mut nd);
+            inner.nr_dirty = nd;
+            self.cache().nr_pages.fetch_sub(1, Ordering::Relaxed);
+        }
+        // Zero the tail of a now-partial last page so a later extension reads zeros.
+        if size % PAGE_SIZE as u64 != 0 {
+            if let Some(p) = inner.pages.get_mut(&(size / PAGE_SIZE as u64)) {
+                p.buf.as_mut_slice()[(size % PAGE_SIZE as u64) as usize..].fill(0);
+            }
+        }
+        inner.size = size;
+    }
+
+    /// Generic writepages (write_cache_pages): write the selected dirty pages as bios,
+    /// contiguous pages in one bio, inside this inode's own plug (a no-op when the
+    /// flusher already holds one for the whole pass).
+    pub fn writepages(&self, wbc: &mut Wbc) -> BlkResult {
+        let max_pages = (self.bdi.queue().max_sectors() as u64 / PAGE_SECTORS).max(1);
+        let (lo, hi) = wbc.range.unwrap_or((0, u64::MAX));
+        // Runs of (first index, page copies) to submit.
+        let mut runs: Vec<(u64, Vec<IoBuf>)> = Vec::new();
+        {
+            let mut inner = self.inner.lock();
+            let integrity = wbc.sync_all || wbc.tagged;
+            if integrity {
+                // tag_pages_for_writeback: only pages dirty now are written, so a writer
+                // that keeps dirtying cannot livelock this pass.
+                for (_, p) in inner.pages.range_mut(lo..=hi) {
+                    if p.dirty {
+                        p.towrite = true;
+                    }
+                }
+            }
+            let start = if wbc.range_cyclic {
+                inner.writeback_index
+            } else {
+                lo
+            };
+            let mut next_cursor = None;
+            'scan: for pass in 0..2 {
+                let (a, b) = if pass == 0 {
+                    (start, hi)
+                } else {
+                    (lo, start.saturating_sub(1))
+                };
+                if pass == 1 && (!wbc.range_cyclic || start == lo) {
+                    break;
+                }
+                let keys: Vec<u64> = inner
+                    .pages
+                    .range(a..=b.max(a))
+                    .filter(|(_, p)| if integrity { p.towrite } else { p.dirty })
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in keys {
+                    if wbc.nr_to_write <= 0 && !wbc.sync_all {
+                        next_cursor = Some(k);
+                        break 'scan;
+                    }
+                    while inner.pages.get(&k).is_some_and(|p| p.writeback) {
+                        if !wbc.sync_all {
+                            wbc.pages_skipped += 1;
+                            break;
+                        }
+                        crate::block::flush_plug();
+                        self.cv.wait(&mut inner);
+                    }
+                    let mut nd = inner.nr_dirty;
+                    let Some(p) = inner.pages.get_mut(&k) else {
+                        continue;
+                    };
+                    if p.writeback || !p.dirty {
+                        continue;
+                    }
+                    self.clear_dirty(p, &mut nd);
+                    p.writeback = true;
+                    let copy = IoBuf::from_slice(p.buf.as_slice());
+                    inner.nr_dirty = nd;
+                    match runs.last_mut() {
+                        Some((s, v))
+                            if *s + v.len() as u64 == k && (v.len() as u64) < max_pages =>
+                        {
+                            v.push(copy)
+                        }
+                        _ => runs.push((k, vec![copy])),
+                    }
+                    wbc.nr_to_write -= 1;
+                    wbc.written += 1;
+                }
+            }
+            if wbc.range_cyclic {
+                inner.writeback_index = next_cursor.unwrap_or(0);
+            }
+        }
+        let nr: u64 = runs.iter().map(|(_, v)| v.len() as u64).sum();
+        if nr == 0 {
+            return Ok(());
+        }
+        self.cache().nr_writeback.fetch_add(nr, Ordering::Relaxed);
+        self.bdi.account_writeback_start(nr);
+        let q = self.bdi.queue().clone();
+        let _plug = Plug::start();
+        let mut first_err = Ok(());
+        for (start, pages) in runs {
+            let n = pages.len() as u64;
+            let map = match self.ops.map_write(self.ino, start, n) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.end_writeback(start, n, Err(e.clone()));
+                    first_err = first_err.and(Err(e));
+                    continue;
+                }
+            };
+            let mut it = pages.into_iter();
+            let mut idx = start;
+            for (sector, cnt) in map {
+                let mut buf = IoBuf::zeroed(cnt as usize * PAGE_SIZE);
+                for (j, pg) in it.by_ref().take(cnt as usize).enumerate() {
+                    buf.as_mut_slice()[j * PAGE_SIZE..(j + 1) * PAGE_SIZE]
+                        .copy_from_slice(pg.as_slice());
+                }
+                let bio = Bio::write(sector, buf)
+                    .with_flags(wbc.bio_flags())
+                    .with_end_io(Arc::new(WriteEnd {
+                        mapping: self.arc(),
+                        index: idx,
+                        pages: cnt,
+                    }));
+                if let Err(e) = q.submit_bio(bio) {
+                    self.end_writeback(idx, cnt, Err(e.clone()));
+                    first_err = first_err.and(Err(e));
+                }
+                idx += cnt;
+            }
+        }
+        first_err
+    }
+
+    fn end_writeback(&self, index: u64, n: u64, status: BlkResult) {
+        self.ops.end_write(self.ino, index, n, &status);
+        let mut inner = self.inner.lock();
+        for i in index..index + n {
+            if let Some(p) = inner.pages.get_mut(&i) {
+                // A failed page is left clean, as the kernel does: the error lives in
+                // the mapping, not the page, and the data is not retried.
+                p.writeback = false;
+            }
+        }
+        if let Err(e) = &status {
+            inner.error = Some(e.clone());
+        }
+        drop(inner);
+        self.cache().nr_writeback.fetch_sub(n, Ordering::Relaxed);
+        self.bdi.account_written(n, status.is_ok());
+        self.cv.notify_all();
+    }
+
+    /// Wait until no page in [lo, hi] is under writeback.
+    pub fn wait_writeback(&self, lo: u64, hi: u64) {
+        crate::block::flush_plug();
+        let mut inner = self.inner.lock();
+        while inner.pages.range(lo..=hi).any(|(_, p)| p.writeback) {
+            self.cv.wait(&mut inner);
+        }
+    }
+
+    /// filemap_write_and_wait_range: write every page dirty now (tagged, so concurrent
+    /// dirtiers cannot livelock it) and wait for them. Byte range.
+    pub fn write_and_wait(&self, start: u64, end: u64) -> BlkResult {
+        let (lo, hi) = (start / PAGE_SIZE as u64, end / PAGE_SIZE as u64);
+        let mut wbc = Wbc::sync_range(lo, hi);
+        let r = self.writepages(&mut wbc);
+        self.wait_writeback(lo, hi);
+        if self.nr_dirty() == 0 {
+            self.bdi.inode_maybe_clean(self.ino);
+        }
+        r
+    }
+}
+
+impl WbInode for Mapping {
+    fn ino(&self) -> u64 {
+        self.ino
+    }
+    fn writepages(&self, wbc: &mut Wbc) -> BlkResult {
+        Mapping::writepages(self, wbc)
+    }
+    fn has_dirty_pages(&self) -> bool {
+        self.nr_dirty() > 0
+    }
+    fn write_inode(&self, sync: bool) -> BlkResult {
+        self.ops.write_inode(self.ino, sync)
+    }
+    fn wait_writeback_all(&self) {
+        self.wait_writeback(0, u64::MAX);
+    }
+}
+
+struct WriteEnd {
+    mapping: Arc<Mapping>,
+    index: u64,
+    pages: u64,
+}
+
+impl BioEndIo for WriteEnd {
+    fn end_io(&self, _bio: Bio, status: BlkResult) {
+        self.mapping.end_writeback(self.index, self.pages, status);
+    }
+}
+
+struct ReadEnd {
+    mapping: Arc<Mapping>,
+    index: u64,
+    pages: u64,
+}
+
+impl BioEndIo for ReadEnd {
+    fn end_io(&self, bio: Bio, status: BlkResult) {
+        self.mapping
+            .end_read(self.index, self.pages, bio.buf.as_ref(), status);
+    }
+}
+
+impl Wbc {
+    fn bio_flags(&self) -> BioFlags {
+        if self.sync_all {
+            BioFlags::SYNC
+        } else if self.for_background || self.for_kupdate {
+            BioFlags::BACKGROUND
+        } else {
+            BioFlags::empty()
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The page cache and writeback engine over the test filesystem: plugging the whole
+//! pass (seed 000), reclaim, readahead, sync without livelock, kupdate timing, and
+//! IO-less throttling bounds. Counts and states, not wall-clock.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wbstack::block::QueueConfig;
+use wbstack::clock::{ManualClock, NSEC_PER_SEC};
+use wbstack::dev::sim::SimDevice;
+use wbstack::mm::throttle::DirtyConfig;
+use wbstack::mm::{CacheConfig, PAGE_SIZE};
+use wbstack::testfs::TestVolume;
+use wbstack::writeback::WbConfig;
+
+fn page(ino: u64, i: u64) -> Vec<u8> {
+    (0..PAGE_SIZE)
+        .map(|k| (ino as usize * 131 + i as usize * 7 + k) as u8)
+        .collect()
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+fn volume(spec: &str, cache: CacheConfig, wb: WbConfig, region: u64) -> TestVolume {
+    TestVolume::open(spec, QueueConfig::default(), cache, wb, region).unwrap()
+}
+
+/// No periodic writeback and thresholds out of reach: only explicit syncs write.
+fn quiet_wb(plug: bool) -> WbConfig {
+    WbConfig {
+        writeback_plug: plug,
+        dirty_writeback_centisecs: 0,
+        dirty: DirtyConfig {
+            dirty_bytes: 1 << 40,
+            dirty_background_bytes: 1 << 39,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[test]
+fn plugging_the_pass_merges_adjacent_small_files() {
+    let n = 2000u64;
+    let mut writes = Vec::new();
+    for plug in [true, false] {
+        let v = volume(
+            "null,memory_backed=1,lbs=4096,size=64M",
+            CacheConfig::default(),
+            quiet_wb(plug),
+            1,
+        );
+        for ino in 0..n {
+            v.file(ino).write_at(0, &page(ino, 0)).unwrap();
+        }
+        let before = v.q.diskstats();
+        v.bdi.sync().unwrap();
+        let d = v.q.diskstats().delta(&before);
+        assert_eq!(d.sectors[1], n * 8, "every page written once");
+        writes.push(d.writes());
+        // Data reads back from the device.
+        for ino in (0..n).step_by(97) {
+            let f = v.evict(ino, 4096).unwrap();
+            let mut out = vec![0u8; 4096];
+            assert_eq!(f.read_at(0, &mut out).unwrap(), 4096);
+            assert_eq!(out, page(ino, 0));
+        }
+    }
+    let (on, off) = (writes[0], writes[1]);
+    assert_eq!(
+        off, n,
+        "without the pass plug every file is its own request"
+    );
+    // Page-cache pages are separate segments: max_segments (128) caps each request at
+    // 128 files (512 KiB), below max_sectors_kb.
+    assert!(on <= n.div_ceil(128) + 1, "plug on: {on} requests");
+}
+
+#[test]
+fn evicted_data_reads_back_and_reclaim_keeps_the_cache_bounded() {
+    let cache = CacheConfig {
+        cache_size: 256 * 4096,
+        ..Default::default()
+    };
+    let v = volume(
+        "null,memory_backed=1,lbs=4096,size=64M",
+        cache,
+        quiet_wb(true),
+        64,
+    );
+    for ino in 0..16u64 {
+        let f = v.file(ino);
+        for i in 0..64u64 {
+            f.write_at(i * 4096, &page(ino, i)).unwrap();
+        }
+        v.bdi.sync().unwrap();
+        assert!(
+            v.cache.nr_pages() <= 256 + 64,
+            "cache grew to {}",
+            v.cache.nr_pages()
+        );
+    }
+    // Reading everything back goes through reclaim and readahead.
+    for ino in 0..16u64 {
+        let f = v.file(ino);
+        for i in 0..64u64 {
+            let mut out = vec![0u8; 4096];
+            f.read_at(i * 4096, &mut out).unwrap();
+            assert_eq!(out, page(ino, i), "ino {ino} page {i}");
+        }
+        assert!(v.cache.nr_pages() <= 256 + 64);
+    }
+    // Partial writes are read-modify-write against evicted pages.
+    let f = v.evict(3, 64 * 4096).unwrap();
+    f.write_at(4096 + 100, b"hello").unwrap();
+    let mut out = vec![0u8; 4096];
+    f.read_at(4096, &mut out).unwrap();
+    let mut want = page(3, 1);
+    want[100..105].copy_from_slice(b"hello");
+    assert_eq!(out, want);
+    // Holes past the written part read as zeros.
+    let g = v.file(40);
+    g.write_at(3 * 4096, &page(40, 3)).unwrap();
+    let mut hole = vec![1u8; 4096];
+    g.read_at(0, &mut hole).unwrap();
+    assert!(hole.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn reclaim_never_drops_a_dirty_page() {
+    let cache = CacheConfig {
+        cache_size: 64 * 4096,
+        ..Default::default()
+    };
+    let v = volume(
+        "sim:ssd,size=64M,iops=1000000,bw=10G,lat=1us",
+        cache,
+        quiet_wb(true),
+        512,
+    );
+    let sim = v.q.device().as_any().downcast_ref::<SimDevice>().unwrap();
+    let f = v.file(0);
+    for i in 0..200u64 {
+        f.write_at(i * 4096, &page(0, i)).unwrap();
+    }
+    assert_eq!(f.nr_dirty(), 200);
+    assert!(
+        v.cache.nr_pages() >= 200,
+        "dirty pages stay although over capacity"
+    );
+    sim.hold(true);
+    let h = v.bdi.start_writeback();
+    wait_for("writeback to start", || v.cache.nr_writeback() == 200);
+    // Reads of other data push reclaim: pages under writeback must survive.
+    let g = v.file(1);
+    for i in 0..100u64 {
+        g.write_at(i * 4096, &page(1, i)).unwrap();
+    }
+    assert_eq!(f.nr_pages(), 200);
+    sim.hold(false);
+    h.wait().unwrap();
+    v.bdi.sync().unwrap();
+    let f = v.evict(0, 200 * 4096).unwrap();
+    for i in 0..200u64 {
+        let mut out = vec![0u8; 4096];
+        f.read_at(i * 4096, &mut out).unwrap();
+        assert_eq!(out, page(0, i));
+    }
+}
+
+#[test]
+fn readahead_reads_sequential_files_in_window_sized_requests() {
+    let v = volume(
+        "null,memory_backed=1,lbs=4096,size=64M",
+        CacheConfig::default(),
+        quiet_wb(true),
+        4096,
+    );
+    let f = v.file(0);
+    let data: Vec<u8> = (0..8u64 << 20).map(|i| (i * 7 / 4096) as u8).collect();
+    f.write_at(0, &data).unwrap();
+    v.bdi.sync().unwrap();
+    let f = v.evict(0, data.len() as u64).unwrap();
+    let before = v.q.diskstats();
+    let mut out = vec![0u8; 4096];
+    for i in 0..(data.len() / 4096) {
+        f.read_at(i as u64 * 4096, &mut out).unwrap();
+        assert_eq!(&out[..], &data[i * 4096..(i + 1) * 4096]);
+    }
+    let d = v.q.diskstats().delta(&before);
+    assert_eq!(
+        d.sectors[0],
+        (data.len() / 512) as u64,
+        "each page read once"
+    );
+    // Windows 4, 8, 16, then 32 pages (128 KiB) to the end.
+    let pages = (data.len() / 4096) as u64;
+    assert_eq!(d.reads(), 3 + (pages - 28).div_ceil(32));
+}
+
+#[test]
+fn sync_is_not_livelocked_by_a_writer_that_keeps_dirtying() {
+    let v = Arc::new(volume(
+        "sim:ssd,size=64M,iops=200000,bw=1G,lat=20us",
+        CacheConfig::default(),
+        quiet_wb(true),
+        256,
+    ));
+    let f = v.file(0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let (f2, s2, r2) = (f.clone(), stop.clone(), rounds.clone());
+    let writer = std::thread::spawn(move || {
+        while !s2.load(Ordering::Relaxed) {
+            for i in 0..256u64 {
+                f2.write_at(i * 4096, &page(9, i)).unwrap();
+            }
+            r2.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    wait_for("the writer to dirty the file", || {
+        rounds.load(Ordering::Relaxed) >= 2
+    });
+    for _ in 0..3 {
+        v.bdi.sync().unwrap(); // returns although the file is dirtied again all along
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    v.bdi.sync().unwrap();
+    assert_eq!(f.nr_dirty(), 0);
+}
+
+#[test]
+fn kupdate_writes_only_expired_inodes() {
+    let clock = ManualClock::new(0);
+    let qcfg = QueueConfig {
+        clock: clock.clone(),
+        ..Default::default()
+    };
+    let wb = WbConfig {
+        dirty: DirtyConfig {
+            dirty_bytes: 1 << 40,
+            dirty_background_bytes: 1 << 39,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let v = TestVolume::open(
+        "null,memory_backed=1,lbs=4096,size=64M",
+        qcfg,
+        CacheConfig::default(),
+        wb,
+        16,
+    )
+    .unwrap();
+    let old = v.file(1);
+    old.write_at(0, &page(1, 0)).unwrap();
+    // 10 s later a second file is dirtied; its pages must wait for their own expiry.
+    for _ in 0..2 {
+        let passes = v.bdi.stats().passes;
+        clock.advance(5 * NSEC_PER_SEC);
+        wait_for("a kupdate pass", || v.bdi.stats().passes > passes);
+    }
+    let young = v.file(2);
+    young.write_at(0, &page(2, 0)).unwrap();
+    for _ in 0..3 {
+        let passes = v.bdi.stats().passes;
+        clock.advance(5 * NSEC_PER_SEC);
+        wait_for("a kupdate pass", || v.bdi.stats().passes > passes);
+    }
+    assert_eq!(v.q.diskstats().writes(), 0, "nothing expired before 30 s");
+    // t = 30 s: the old file is expired, the young one (dirtied at 10 s) is not.
+    clock.advance(5 * NSEC_PER_SEC);
+    wait_for("the old inode written", || old.nr_dirty() == 0);
+    assert_eq!(young.nr_dirty(), 1, "kupdate leaves unexpired inodes alone");
+    for _ in 0..2 {
+        clock.advance(5 * NSEC_PER_SEC);
+    }
+    wait_for("the young inode written at 40 s", || young.nr_dirty() == 0);
+}
+
+#[test]
+fn a_writer_faster_than_the_device_is_throttled_within_the_limits() {
+    let cache = CacheConfig {
+        cache_size: 64 << 20,
+        ..Default::default()
+    };
+    let wb = WbConfig {
+        dirty_writeback_centisecs: 0,
+        ..Default::default()
+    };
+    let v = Arc::new(volume("sim:ssd,size=1G,bw=100M,data=0", cache, wb, 1 << 18));
+    let (thresh, bg) = v.bdi.thresholds();
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let (v2, s2, p2) = (v.clone(), stop.clone(), peak.clone());
+    let monitor = std::thread::spawn(move || {
+        while !s2.load(Ordering::Relaxed) {
+            p2.fetch_max(v2.cache.nr_dirty(), Ordering::Relaxed);
+            std::thread::yield_now();
+        }
+    });
+    let f = v.file(0);
+    let buf = vec![7u8; 1 << 20];
+    for i in 0..48u64 {
+        f.write_at(i << 20, &buf).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    monitor.join().unwrap();
+    let s = v.bdi.stats();
+    let peak = peak.load(Ordering::Relaxed);
+    // Overshoot allowance: the ratelimit (at most thresh/32 plus one call's pages).
+    assert!(
+        peak <= thresh + thresh / 32 + 256,
+        "dirty peaked at {peak} pages, limit {thresh}"
+    );
+    assert!(
+        peak > bg,
+        "the writer got past the background threshold ({peak} <= {bg})"
+    );
+    assert!(s.pauses > 0, "the writer was paused");
+    assert!(
+        s.pause_ns_max <= 200_000_000,
+        "a pause of {} ns",
+        s.pause_ns_max
+    );
+    v.bdi.sync().unwrap();
+}
