@@ -175,3 +175,56 @@ fn bad_input_is_a_clear_error() {
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
 }
+
+#[test]
+fn bench_smallfiles_and_dirty_json() {
+    let v = json(&wbstack(&[
+        "bench",
+        "smallfiles",
+        "--device",
+        "sim:ssd,size=1G",
+        "--files",
+        "600",
+        "--json",
+    ]));
+    let arms = v["arms"].as_array().unwrap();
+    let on = arms.iter().find(|a| a["name"] == "on").unwrap();
+    let off = arms.iter().find(|a| a["name"] == "off").unwrap();
+    assert_eq!(off["write_ios"].as_u64().unwrap(), 600);
+    assert!(on["write_ios"].as_u64().unwrap() <= 6, "{on}");
+    assert!(on["avg_write_kib"].as_f64().unwrap() >= 256.0);
+
+    let v = json(&wbstack(&[
+        "bench",
+        "dirty",
+        "--device",
+        "sim:ssd,data=0,size=4G",
+        "--size",
+        "96M",
+        "--cache",
+        "128M",
+        "--json",
+    ]));
+    for k in [
+        "cache_write_mib_s",
+        "dirty_peak_pages",
+        "dirty_limit_pages",
+        "pause_max_ms",
+        "device_write_mib_s",
+    ] {
+        assert!(v[k].as_f64().is_some(), "{k} missing: {v}");
+    }
+    let limit = v["dirty_limit_pages"].as_u64().unwrap();
+    assert!(v["dirty_peak_pages"].as_u64().unwrap() <= limit + limit / 32 + 256);
+    assert!(v["pause_max_ms"].as_f64().unwrap() <= 200.0);
+    let out = wbstack(&[
+        "bench",
+        "dirty",
+        "--size",
+        "1T",
+        "--device",
+        "sim:ssd,size=1G,data=0",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("larger than the device"));
+}

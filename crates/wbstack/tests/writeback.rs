@@ -332,3 +332,70 @@ fn a_writer_faster_than_the_device_is_throttled_within_the_limits() {
     );
     v.bdi.sync().unwrap();
 }
+
+#[test]
+fn fsync_work_writes_only_its_range_and_waits() {
+    let v = volume(
+        "null,memory_backed=1,lbs=4096,size=64M",
+        CacheConfig::default(),
+        quiet_wb(true),
+        64,
+    );
+    let f = v.file(0);
+    let g = v.file(1);
+    for i in 0..16u64 {
+        f.write_at(i * 4096, &page(0, i)).unwrap();
+    }
+    g.write_at(0, &page(1, 0)).unwrap();
+    v.bdi.fsync_range(0, 4, 7).wait().unwrap();
+    assert_eq!(f.nr_dirty(), 12, "only pages 4..=7 written");
+    assert_eq!(f.nr_writeback(), 0, "and waited for");
+    assert_eq!(g.nr_dirty(), 1, "other inodes untouched");
+    assert_eq!(v.q.diskstats().sectors[1], 4 * 8);
+    v.bdi.fsync_range(0, 0, u64::MAX).wait().unwrap();
+    assert_eq!(f.nr_dirty(), 0);
+    // A clean inode's fsync is a no-op that still completes.
+    v.bdi.fsync_range(7, 0, u64::MAX).wait().unwrap();
+}
+
+#[test]
+fn a_pass_emits_the_kernels_trace_events_as_json_lines() {
+    let v = volume(
+        "null,memory_backed=1,lbs=4096,size=64M",
+        CacheConfig::default(),
+        quiet_wb(true),
+        1,
+    );
+    for ino in 1000..1010u64 {
+        v.file(ino).write_at(0, &page(ino, 0)).unwrap();
+    }
+    wbstack::trace::enable(1 << 16);
+    v.bdi.sync().unwrap();
+    let dump = wbstack::trace::dump_jsonl();
+    wbstack::trace::disable();
+    let events: Vec<serde_json::Value> = dump
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    for want in [
+        "writeback_start",
+        "writeback_queue_io",
+        "writeback_single_inode",
+        "writeback_written",
+        "block_plug",
+        "block_unplug",
+    ] {
+        assert!(names.contains(&want), "no {want} in {names:?}");
+    }
+    let ours = events
+        .iter()
+        .filter(|e| {
+            e["event"] == "writeback_single_inode"
+                && e["fields"]["ino"]
+                    .as_u64()
+                    .is_some_and(|i| (1000..1010).contains(&i))
+        })
+        .count();
+    assert_eq!(ours, 10, "one visit per inode");
+}

@@ -134,6 +134,26 @@ struct Page {
 }
 
 impl Page {
+    fn with_data(data: &[u8]) -> Page {
+        Page {
+            buf: IoBuf::from_slice(data),
+            uptodate: true,
+            ..Page::new_empty()
+        }
+    }
+
+    fn new_empty() -> Page {
+        Page {
+            buf: IoBuf::zeroed(0),
+            dirty: false,
+            writeback: false,
+            towrite: false,
+            uptodate: false,
+            reading: false,
+            referenced: true,
+        }
+    }
+
     fn new() -> Page {
         Page {
             buf: IoBuf::zeroed(PAGE_SIZE),
@@ -158,6 +178,8 @@ struct Inner {
     pages: BTreeMap<u64, Page>,
     size: u64,
     nr_dirty: u64,
+    /// Pages under writeback.
+    nr_wb: u64,
     /// Cyclic writeback cursor (mapping->writeback_index).
     writeback_index: u64,
     ra: Readahead,
@@ -186,6 +208,7 @@ impl Mapping {
                 pages: BTreeMap::new(),
                 size,
                 nr_dirty: 0,
+                nr_wb: 0,
                 writeback_index: 0,
                 ra: Readahead::default(),
                 error: None,
@@ -212,12 +235,7 @@ impl Mapping {
     }
     /// Pages currently under writeback.
     pub fn nr_writeback(&self) -> usize {
-        self.inner
-            .lock()
-            .pages
-            .values()
-            .filter(|p| p.writeback)
-            .count()
+        self.inner.lock().nr_wb as usize
     }
     /// The latest IO error seen on this mapping, if any (kept across eviction).
     pub fn error(&self) -> Option<BlkError> {
@@ -236,7 +254,11 @@ impl Mapping {
     }
 
     fn insert_page(&self, inner: &mut Inner, index: u64) {
-        inner.pages.insert(index, Page::new());
+        self.insert_page_with(inner, index, Page::new());
+    }
+
+    fn insert_page_with(&self, inner: &mut Inner, index: u64, page: Page) {
+        inner.pages.insert(index, page);
         self.cache().nr_pages.fetch_add(1, Ordering::Relaxed);
         self.cache().lru.lock().push_back(LruEntry {
             mapping: self.me.clone(),
@@ -287,10 +309,16 @@ impl Mapping {
                     self.read_pages(index, 1)?;
                     inner = self.inner.lock();
                     inner = self.wait_page_read(inner, index)?;
+                } else if !partial {
+                    // Fully overwritten: built from the data, never zeroed first.
+                    self.insert_page_with(
+                        &mut inner,
+                        index,
+                        Page::with_data(&data[done..done + n]),
+                    );
                 } else {
+                    // A partial page at or past EOF: the rest of it reads as zeros.
                     self.insert_page(&mut inner, index);
-                    // A page at or past EOF, or fully overwritten: its old content is
-                    // zeros or irrelevant.
                     inner.pages.get_mut(&index).unwrap().uptodate = true;
                 }
             } else {
@@ -502,6 +530,10 @@ impl Mapping {
         let gone: Vec<u64> = inner.pages.range(first_gone..).map(|(k, _)| *k).collect();
         for k in gone {
             let mut p = inner.pages.remove(&k).unwrap();
+            if p.writeback {
+                // Its IO still completes; waiters must not wait for a page gone.
+                inner.nr_wb -= 1;
+            }
             let mut nd = inner.nr_dirty;
             self.clear_dirty(&mut p, &mut nd);
             inner.nr_dirty = nd;
@@ -551,12 +583,24 @@ impl Mapping {
                 if pass == 1 && (!wbc.range_cyclic || start == lo) {
                     break;
                 }
+                // Look only as far as this call may write (plus room for busy pages
+                // it skips), not at every dirty page of a huge file.
+                let limit = if integrity {
+                    usize::MAX
+                } else {
+                    (wbc.nr_to_write.max(0) as usize).saturating_add(64)
+                };
                 let keys: Vec<u64> = inner
                     .pages
                     .range(a..=b.max(a))
                     .filter(|(_, p)| if integrity { p.towrite } else { p.dirty })
                     .map(|(k, _)| *k)
+                    .take(limit)
                     .collect();
+                if keys.len() == limit {
+                    // More may follow: the next visit continues after this batch.
+                    next_cursor = keys.last().map(|k| k + 1);
+                }
                 for k in keys {
                     if wbc.nr_to_write <= 0 && !wbc.sync_all {
                         next_cursor = Some(k);
@@ -581,6 +625,7 @@ impl Mapping {
                     p.writeback = true;
                     let copy = IoBuf::from_slice(p.buf.as_slice());
                     inner.nr_dirty = nd;
+                    inner.nr_wb += 1;
                     match runs.last_mut() {
                         Some((s, v))
                             if *s + v.len() as u64 == k && (v.len() as u64) < max_pages =>
@@ -648,7 +693,10 @@ impl Mapping {
             if let Some(p) = inner.pages.get_mut(&i) {
                 // A failed page is left clean, as the kernel does: the error lives in
                 // the mapping, not the page, and the data is not retried.
-                p.writeback = false;
+                if p.writeback {
+                    p.writeback = false;
+                    inner.nr_wb -= 1;
+                }
             }
         }
         if let Err(e) = &status {
@@ -664,7 +712,14 @@ impl Mapping {
     pub fn wait_writeback(&self, lo: u64, hi: u64) {
         crate::block::flush_plug();
         let mut inner = self.inner.lock();
-        while inner.pages.range(lo..=hi).any(|(_, p)| p.writeback) {
+        let busy = |i: &Inner| {
+            if lo == 0 && hi == u64::MAX {
+                i.nr_wb > 0
+            } else {
+                i.nr_wb > 0 && i.pages.range(lo..=hi).any(|(_, p)| p.writeback)
+            }
+        };
+        while busy(&inner) {
             self.cv.wait(&mut inner);
         }
     }

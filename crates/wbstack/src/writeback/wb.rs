@@ -104,6 +104,8 @@ pub struct WorkItem {
     cv: Condvar,
     /// Inodes written by an integrity work, whose writeback it then waits for.
     visited: Mutex<Vec<Arc<dyn WbInode>>>,
+    /// Page range of an fsync work (inclusive).
+    range: Option<(u64, u64)>,
 }
 
 /// A caller's handle on a queued work.
@@ -372,6 +374,7 @@ impl Bdi {
             done: Mutex::new(None),
             cv: Condvar::new(),
             visited: Mutex::new(Vec::new()),
+            range: None,
         });
         self.works.lock().push_back(item.clone());
         self.waiter.kick();
@@ -386,6 +389,53 @@ impl Bdi {
     /// Start writeback of everything dirty (WB_SYNC_NONE), returning a handle.
     pub fn start_writeback(&self) -> WorkHandle {
         self.queue_work(WorkKind::SyncNone, i64::MAX)
+    }
+
+    /// Queue integrity writeback of pages [lo, hi] of one inode (an fsync served by
+    /// the flusher); the handle completes when they are written and waited on.
+    pub fn fsync_range(&self, ino: u64, lo: u64, hi: u64) -> WorkHandle {
+        let item = Arc::new(WorkItem {
+            work: Mutex::new(Work {
+                kind: WorkKind::Fsync(ino),
+                nr_pages: i64::MAX,
+                start_ns: self.clock.now_ns(),
+            }),
+            done: Mutex::new(None),
+            cv: Condvar::new(),
+            visited: Mutex::new(Vec::new()),
+            range: Some((lo, hi)),
+        });
+        self.works.lock().push_back(item.clone());
+        self.waiter.kick();
+        WorkHandle(item)
+    }
+
+    /// writeback_single_inode with WB_SYNC_ALL: wait for I_SYNC, write the range's pages
+    /// tagged now, wait for them, and put the inode back where it belongs.
+    fn fsync_work(&self, ino: u64, range: Option<(u64, u64)>) -> BlkResult {
+        let Some(inode) = self.inodes.lock().get(&ino).cloned() else {
+            return Ok(()); // clean: nothing to write
+        };
+        while !self.lists.lock().try_begin_sync(ino, self.clock.now_ns()) {
+            crate::block::flush_plug();
+            self.sleep_until(self.clock.now_ns() + NSEC_PER_MSEC);
+        }
+        let (lo, hi) = range.unwrap_or((0, u64::MAX));
+        let mut wbc = Wbc::sync_range(lo, hi);
+        let r = inode.writepages(&mut wbc);
+        inode.wait_writeback_all();
+        let still_dirty = inode.has_dirty_pages();
+        self.lists
+            .lock()
+            .finish_single_inode(ino, still_dirty, self.clock.now_ns());
+        if !still_dirty {
+            self.inodes.lock().remove(&ino);
+        }
+        trace::emit(
+            "writeback_single_inode",
+            || json!({"ino": ino, "wrote": wbc.written, "fsync": true}),
+        );
+        r
     }
 
     fn wb_writeback(&self, item: &WorkItem) -> BlkResult {
@@ -536,7 +586,11 @@ impl Bdi {
             let Some(item) = self.works.lock().pop_front() else {
                 return;
             };
-            let mut r = self.wb_writeback(&item);
+            let kind = item.work.lock().kind;
+            let mut r = match kind {
+                WorkKind::Fsync(ino) => self.fsync_work(ino, item.range),
+                _ => self.wb_writeback(&item),
+            };
             for inode in item.visited.lock().drain(..) {
                 inode.wait_writeback_all();
             }
@@ -603,6 +657,7 @@ impl Bdi {
             done: Mutex::new(None),
             cv: Condvar::new(),
             visited: Mutex::new(Vec::new()),
+            range: None,
         }
     }
 
