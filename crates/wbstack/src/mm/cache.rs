@@ -134,36 +134,25 @@ struct Page {
 }
 
 impl Page {
-    fn with_data(data: &[u8]) -> Page {
+    fn with_buf(buf: IoBuf, uptodate: bool) -> Page {
         Page {
-            buf: IoBuf::from_slice(data),
-            uptodate: true,
-            ..Page::new_empty()
-        }
-    }
-
-    fn new_empty() -> Page {
-        Page {
-            buf: IoBuf::zeroed(0),
+            buf,
             dirty: false,
             writeback: false,
             towrite: false,
-            uptodate: false,
+            uptodate,
             reading: false,
             referenced: true,
         }
+    }
+
+    /// A page whose whole content is `data` (never zeroed first).
+    fn with_data(data: &[u8]) -> Page {
+        Page::with_buf(IoBuf::from_slice(data), true)
     }
 
     fn new() -> Page {
-        Page {
-            buf: IoBuf::zeroed(PAGE_SIZE),
-            dirty: false,
-            writeback: false,
-            towrite: false,
-            uptodate: false,
-            reading: false,
-            referenced: true,
-        }
+        Page::with_buf(IoBuf::zeroed(PAGE_SIZE), false)
     }
 }
 

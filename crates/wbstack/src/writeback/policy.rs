@@ -380,6 +380,22 @@ struct InodeState {
     visited: bool,
 }
 
+impl InodeState {
+    /// A newly tracked inode, dirtied (or taken for sync) at `now`.
+    fn new(now: u64, syncing: bool) -> InodeState {
+        InodeState {
+            dirtied_when: now,
+            dirty_since: now,
+            pos: None,
+            sync_queued: false,
+            syncing,
+            queued_round: None,
+            io_round: 0,
+            visited: false,
+        }
+    }
+}
+
 /// One device's dirty inode lists and queueing policy (the kernel's `bdi_writeback`
 /// minus the thread).
 #[derive(Clone, Debug)]
@@ -641,19 +657,7 @@ impl WbLists {
                 st.queued_round = None;
             }
             None => {
-                self.inodes.insert(
-                    ino,
-                    InodeState {
-                        dirtied_when: now,
-                        dirty_since: now,
-                        pos: None,
-                        sync_queued: false,
-                        syncing: false,
-                        queued_round: None,
-                        io_round: 0,
-                        visited: false,
-                    },
-                );
+                self.inodes.insert(ino, InodeState::new(now, false));
             }
         }
         self.push_head(ino, ListId::Dirty);
@@ -1023,19 +1027,7 @@ impl WbLists {
                 true
             }
             None => {
-                self.inodes.insert(
-                    ino,
-                    InodeState {
-                        dirtied_when: now,
-                        dirty_since: now,
-                        pos: None,
-                        sync_queued: false,
-                        syncing: true,
-                        queued_round: None,
-                        io_round: 0,
-                        visited: false,
-                    },
-                );
+                self.inodes.insert(ino, InodeState::new(now, true));
                 true
             }
         }

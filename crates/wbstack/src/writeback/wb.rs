@@ -365,17 +365,11 @@ impl Bdi {
     // ---- works -----------------------------------------------------------------------
 
     fn queue_work(&self, kind: WorkKind, nr_pages: i64) -> WorkHandle {
-        let item = Arc::new(WorkItem {
-            work: Mutex::new(Work {
-                kind,
-                nr_pages,
-                start_ns: self.clock.now_ns(),
-            }),
-            done: Mutex::new(None),
-            cv: Condvar::new(),
-            visited: Mutex::new(Vec::new()),
-            range: None,
-        });
+        self.queue_item(self.work_item(kind, nr_pages, None))
+    }
+
+    fn queue_item(&self, item: WorkItem) -> WorkHandle {
+        let item = Arc::new(item);
         self.works.lock().push_back(item.clone());
         self.waiter.kick();
         WorkHandle(item)
@@ -394,20 +388,7 @@ impl Bdi {
     /// Queue integrity writeback of pages [lo, hi] of one inode (an fsync served by
     /// the flusher); the handle completes when they are written and waited on.
     pub fn fsync_range(&self, ino: u64, lo: u64, hi: u64) -> WorkHandle {
-        let item = Arc::new(WorkItem {
-            work: Mutex::new(Work {
-                kind: WorkKind::Fsync(ino),
-                nr_pages: i64::MAX,
-                start_ns: self.clock.now_ns(),
-            }),
-            done: Mutex::new(None),
-            cv: Condvar::new(),
-            visited: Mutex::new(Vec::new()),
-            range: Some((lo, hi)),
-        });
-        self.works.lock().push_back(item.clone());
-        self.waiter.kick();
-        WorkHandle(item)
+        self.queue_item(self.work_item(WorkKind::Fsync(ino), i64::MAX, Some((lo, hi))))
     }
 
     /// writeback_single_inode with WB_SYNC_ALL: wait for I_SYNC, write the range's pages
@@ -627,12 +608,12 @@ impl Bdi {
             self.last_old_flush.store(now, Ordering::Relaxed);
             let nr = (self.nr_dirty() + self.inodes.lock().len() as u64) as i64;
             if nr > 0 {
-                let item = self.work_item(WorkKind::Kupdate, nr);
+                let item = self.work_item(WorkKind::Kupdate, nr, None);
                 let _ = self.wb_writeback(&item);
             }
         }
         if self.over_bg_thresh() {
-            let item = self.work_item(WorkKind::Background, i64::MAX);
+            let item = self.work_item(WorkKind::Background, i64::MAX, None);
             let _ = self.wb_writeback(&item);
         }
         self.update_bandwidth();
@@ -647,7 +628,7 @@ impl Bdi {
         (has_dirty && interval > 0).then(|| self.last_old_flush.load(Ordering::Relaxed) + interval)
     }
 
-    fn work_item(&self, kind: WorkKind, nr_pages: i64) -> WorkItem {
+    fn work_item(&self, kind: WorkKind, nr_pages: i64, range: Option<(u64, u64)>) -> WorkItem {
         WorkItem {
             work: Mutex::new(Work {
                 kind,
@@ -657,7 +638,7 @@ impl Bdi {
             done: Mutex::new(None),
             cv: Condvar::new(),
             visited: Mutex::new(Vec::new()),
-            range: None,
+            range,
         }
     }
 
