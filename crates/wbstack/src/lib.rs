@@ -7,6 +7,7 @@ pub mod block;
 pub mod buf;
 pub mod clock;
 pub mod dev;
+pub mod fs;
 pub mod mm;
 pub mod testfs;
 pub mod trace;

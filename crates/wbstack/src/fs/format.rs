@@ -1,0 +1,664 @@
+//! The on-disk format: superblock (block 0, copy in block 1), the metadata journal's
+//! transactions of logical records, and checkpoint slots. Everything is little-endian
+//! and checksummed with CRC32C; every decoder returns a `FormatError` saying what is
+//! wrong, never panics, whatever the bytes.
+
+use std::fmt;
+
+pub const BLOCK_SIZE: usize = 4096;
+pub const SB_MAGIC: u64 = u64::from_le_bytes(*b"WBSTACK1");
+pub const FORMAT_VERSION: u32 = 1;
+pub const TXN_MAGIC: u32 = u32::from_le_bytes(*b"TXN1");
+pub const CKPT_MAGIC: u32 = u32::from_le_bytes(*b"CKP1");
+/// Superblock copies live in these blocks.
+pub const SB_BLOCKS: [u64; 2] = [0, 1];
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("not a wbstack image: the magic number is {0:#018x}, expected {SB_MAGIC:#018x}")]
+    BadMagic(u64),
+    #[error("format version {0} is not supported (this build reads version {FORMAT_VERSION})")]
+    BadVersion(u32),
+    #[error("{what} checksum mismatch (stored {stored:#010x}, computed {computed:#010x}); run `wbstack fsck`")]
+    Checksum {
+        what: &'static str,
+        stored: u32,
+        computed: u32,
+    },
+    #[error("{0} is truncated")]
+    Truncated(&'static str),
+    #[error("{0}")]
+    Corrupt(String),
+}
+
+pub fn crc(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
+}
+
+/// Appends little-endian fields.
+#[derive(Default)]
+pub struct Writer(pub Vec<u8>);
+
+impl Writer {
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    pub fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Length-prefixed bytes (u32 length).
+    pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+        self
+    }
+}
+
+/// Reads little-endian fields with bounds checks; running off the end is `Truncated`.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8], what: &'static str) -> Reader<'a> {
+        Reader { buf, pos: 0, what }
+    }
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
+        if self.remaining() < n {
+            return Err(FormatError::Truncated(self.what));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    pub fn u8(&mut self) -> Result<u8, FormatError> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u16(&mut self) -> Result<u16, FormatError> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    pub fn u32(&mut self) -> Result<u32, FormatError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    pub fn u64(&mut self) -> Result<u64, FormatError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    pub fn bytes(&mut self) -> Result<&'a [u8], FormatError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+}
+
+/// Where everything lives, in 4 KiB blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub version: u32,
+    pub block_size: u32,
+    pub nr_blocks: u64,
+    pub journal_start: u64,
+    pub journal_blocks: u64,
+    /// The two alternating checkpoint slots.
+    pub checkpoint: [(u64, u64); 2],
+    /// First block of the data area (everything after the metadata areas).
+    pub data_start: u64,
+    /// Identifies this filesystem (stamped into journal transactions, so a stale
+    /// journal of a previous mkfs on the same device is never replayed).
+    pub fs_id: u64,
+    pub created_ns: u64,
+}
+
+impl Superblock {
+    /// Lay out a new filesystem of `nr_blocks`: journal and checkpoint slots sized from
+    /// the device (bounded), data after them.
+    pub fn layout(nr_blocks: u64, fs_id: u64, created_ns: u64) -> Result<Superblock, FormatError> {
+        let journal_blocks = (nr_blocks / 64).clamp(256, 32768);
+        let ckpt_blocks = (nr_blocks / 64).clamp(256, 65536);
+        let journal_start = 2;
+        let a = journal_start + journal_blocks;
+        let b = a + ckpt_blocks;
+        let data_start = b + ckpt_blocks;
+        if data_start + 16 > nr_blocks {
+            return Err(FormatError::Corrupt(format!(
+                "a device of {nr_blocks} blocks is too small: metadata alone needs {data_start} blocks"
+            )));
+        }
+        Ok(Superblock {
+            version: FORMAT_VERSION,
+            block_size: BLOCK_SIZE as u32,
+            nr_blocks,
+            journal_start,
+            journal_blocks,
+            checkpoint: [(a, ckpt_blocks), (b, ckpt_blocks)],
+            data_start,
+            fs_id,
+            created_ns,
+        })
+    }
+
+    /// One block: the fields, then the CRC32C of everything before it.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u64(SB_MAGIC)
+            .u32(self.version)
+            .u32(self.block_size)
+            .u64(self.nr_blocks);
+        w.u64(self.journal_start).u64(self.journal_blocks);
+        for (s, n) in self.checkpoint {
+            w.u64(s).u64(n);
+        }
+        w.u64(self.data_start).u64(self.fs_id).u64(self.created_ns);
+        let c = crc(&w.0);
+        w.u32(c);
+        w.0.resize(BLOCK_SIZE, 0);
+        w.0
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Superblock, FormatError> {
+        let mut r = Reader::new(buf, "superblock");
+        let magic = r.u64()?;
+        if magic != SB_MAGIC {
+            return Err(FormatError::BadMagic(magic));
+        }
+        let version = r.u32()?;
+        if version != FORMAT_VERSION {
+            return Err(FormatError::BadVersion(version));
+        }
+        let block_size = r.u32()?;
+        let nr_blocks = r.u64()?;
+        let journal_start = r.u64()?;
+        let journal_blocks = r.u64()?;
+        let checkpoint = [(r.u64()?, r.u64()?), (r.u64()?, r.u64()?)];
+        let data_start = r.u64()?;
+        let fs_id = r.u64()?;
+        let created_ns = r.u64()?;
+        let end = r.pos();
+        let stored = r.u32()?;
+        let computed = crc(&buf[..end]);
+        if stored != computed {
+            return Err(FormatError::Checksum {
+                what: "superblock",
+                stored,
+                computed,
+            });
+        }
+        let sb = Superblock {
+            version,
+            block_size,
+            nr_blocks,
+            journal_start,
+            journal_blocks,
+            checkpoint,
+            data_start,
+            fs_id,
+            created_ns,
+        };
+        sb.check()?;
+        Ok(sb)
+    }
+
+    /// Geometry sanity: areas in order, inside the device, not overlapping.
+    pub fn check(&self) -> Result<(), FormatError> {
+        let bad = |m: String| Err(FormatError::Corrupt(format!("superblock geometry: {m}")));
+        if self.block_size as usize != BLOCK_SIZE {
+            return bad(format!(
+                "block size {} (only {BLOCK_SIZE} is supported)",
+                self.block_size
+            ));
+        }
+        let areas = [
+            ("journal", self.journal_start, self.journal_blocks),
+            ("checkpoint A", self.checkpoint[0].0, self.checkpoint[0].1),
+            ("checkpoint B", self.checkpoint[1].0, self.checkpoint[1].1),
+        ];
+        let mut prev_end = 2u64;
+        for (name, start, len) in areas {
+            let Some(end) = start.checked_add(len) else {
+                return bad(format!("{name} overflows"));
+            };
+            if len == 0 || start < prev_end || end > self.nr_blocks {
+                return bad(format!(
+                    "{name} at block {start}+{len} overlaps another area or leaves the device"
+                ));
+            }
+            prev_end = end;
+        }
+        if self.data_start < prev_end || self.data_start >= self.nr_blocks {
+            return bad(format!(
+                "data area starts at block {} (metadata ends at {prev_end})",
+                self.data_start
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What kind of inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InodeKind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+}
+
+impl InodeKind {
+    fn from_u8(v: u8) -> Result<InodeKind, FormatError> {
+        match v {
+            1 => Ok(InodeKind::File),
+            2 => Ok(InodeKind::Dir),
+            3 => Ok(InodeKind::Symlink),
+            _ => Err(FormatError::Corrupt(format!("unknown inode kind {v}"))),
+        }
+    }
+}
+
+/// A logical metadata change, as journaled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// A new inode.
+    Create {
+        ino: u64,
+        kind: InodeKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        time_ns: u64,
+    },
+    /// A directory entry `name` in `parent` pointing at `ino` (nlink +1).
+    Link {
+        parent: u64,
+        name: Vec<u8>,
+        ino: u64,
+    },
+    /// Remove an entry (nlink −1; at 0 the inode becomes an orphan until last close).
+    Unlink {
+        parent: u64,
+        name: Vec<u8>,
+        ino: u64,
+    },
+    SetSize {
+        ino: u64,
+        size: u64,
+    },
+    SetAttr {
+        ino: u64,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        mtime_ns: u64,
+        ctime_ns: u64,
+    },
+    /// File blocks [file_block, +len) live at device blocks [start, +len). Journaled only
+    /// after the data writes completed (ordered data).
+    MapExtent {
+        ino: u64,
+        file_block: u64,
+        start: u64,
+        len: u64,
+    },
+    /// Device blocks returned to free space (reusable once this transaction commits).
+    FreeExtent {
+        start: u64,
+        len: u64,
+    },
+    /// A symlink's target.
+    SetTarget {
+        ino: u64,
+        target: Vec<u8>,
+    },
+    /// The inode is unlinked but open, or mid-truncate: clean it at mount if still set.
+    Orphan {
+        ino: u64,
+    },
+    OrphanDone {
+        ino: u64,
+    },
+}
+
+impl Record {
+    pub fn encode(&self, w: &mut Writer) {
+        match self {
+            Record::Create {
+                ino,
+                kind,
+                mode,
+                uid,
+                gid,
+                time_ns,
+            } => {
+                w.u8(1)
+                    .u64(*ino)
+                    .u8(*kind as u8)
+                    .u32(*mode)
+                    .u32(*uid)
+                    .u32(*gid)
+                    .u64(*time_ns);
+            }
+            Record::Link { parent, name, ino } => {
+                w.u8(2).u64(*parent).bytes(name).u64(*ino);
+            }
+            Record::Unlink { parent, name, ino } => {
+                w.u8(3).u64(*parent).bytes(name).u64(*ino);
+            }
+            Record::SetSize { ino, size } => {
+                w.u8(4).u64(*ino).u64(*size);
+            }
+            Record::SetAttr {
+                ino,
+                mode,
+                uid,
+                gid,
+                mtime_ns,
+                ctime_ns,
+            } => {
+                w.u8(5)
+                    .u64(*ino)
+                    .u32(*mode)
+                    .u32(*uid)
+                    .u32(*gid)
+                    .u64(*mtime_ns)
+                    .u64(*ctime_ns);
+            }
+            Record::MapExtent {
+                ino,
+                file_block,
+                start,
+                len,
+            } => {
+                w.u8(6).u64(*ino).u64(*file_block).u64(*start).u64(*len);
+            }
+            Record::FreeExtent { start, len } => {
+                w.u8(7).u64(*start).u64(*len);
+            }
+            Record::SetTarget { ino, target } => {
+                w.u8(8).u64(*ino).bytes(target);
+            }
+            Record::Orphan { ino } => {
+                w.u8(9).u64(*ino);
+            }
+            Record::OrphanDone { ino } => {
+                w.u8(10).u64(*ino);
+            }
+        }
+    }
+
+    pub fn decode(r: &mut Reader) -> Result<Record, FormatError> {
+        let tag = r.u8()?;
+        let name = |r: &mut Reader| -> Result<Vec<u8>, FormatError> {
+            let b = r.bytes()?;
+            if b.is_empty() || b.len() > 255 || b.contains(&b'/') || b.contains(&0) {
+                return Err(FormatError::Corrupt(format!(
+                    "invalid name of {} bytes in a journal record",
+                    b.len()
+                )));
+            }
+            Ok(b.to_vec())
+        };
+        Ok(match tag {
+            1 => Record::Create {
+                ino: r.u64()?,
+                kind: InodeKind::from_u8(r.u8()?)?,
+                mode: r.u32()?,
+                uid: r.u32()?,
+                gid: r.u32()?,
+                time_ns: r.u64()?,
+            },
+            2 => Record::Link {
+                parent: r.u64()?,
+                name: name(r)?,
+                ino: r.u64()?,
+            },
+            3 => Record::Unlink {
+                parent: r.u64()?,
+                name: name(r)?,
+                ino: r.u64()?,
+            },
+            4 => Record::SetSize {
+                ino: r.u64()?,
+                size: r.u64()?,
+            },
+            5 => Record::SetAttr {
+                ino: r.u64()?,
+                mode: r.u32()?,
+                uid: r.u32()?,
+                gid: r.u32()?,
+                mtime_ns: r.u64()?,
+                ctime_ns: r.u64()?,
+            },
+            6 => Record::MapExtent {
+                ino: r.u64()?,
+                file_block: r.u64()?,
+                start: r.u64()?,
+                len: r.u64()?,
+            },
+            7 => Record::FreeExtent {
+                start: r.u64()?,
+                len: r.u64()?,
+            },
+            8 => {
+                let ino = r.u64()?;
+                let t = r.bytes()?;
+                if t.is_empty() || t.len() > BLOCK_SIZE {
+                    return Err(FormatError::Corrupt(format!(
+                        "symlink target of {} bytes",
+                        t.len()
+                    )));
+                }
+                Record::SetTarget {
+                    ino,
+                    target: t.to_vec(),
+                }
+            }
+            9 => Record::Orphan { ino: r.u64()? },
+            10 => Record::OrphanDone { ino: r.u64()? },
+            t => {
+                return Err(FormatError::Corrupt(format!(
+                    "unknown journal record type {t}"
+                )))
+            }
+        })
+    }
+}
+
+/// One journal transaction: header, records, and a CRC over both. A transaction that
+/// fails its checksum or is cut short is the end of the valid journal (a crash tore it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Txn {
+    pub fs_id: u64,
+    pub tid: u64,
+    pub records: Vec<Record>,
+}
+
+const TXN_HEADER: usize = 4 + 8 + 8 + 4 + 4;
+
+impl Txn {
+    /// Encoded and padded to whole blocks.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Writer::default();
+        for r in &self.records {
+            r.encode(&mut body);
+        }
+        let mut w = Writer::default();
+        w.u32(TXN_MAGIC)
+            .u64(self.fs_id)
+            .u64(self.tid)
+            .u32(self.records.len() as u32)
+            .u32(body.0.len() as u32);
+        w.0.extend_from_slice(&body.0);
+        let c = crc(&w.0);
+        w.u32(c);
+        let len = w.0.len().next_multiple_of(BLOCK_SIZE);
+        w.0.resize(len, 0);
+        w.0
+    }
+
+    /// Decode the transaction at the start of `buf`; returns it and the bytes (whole
+    /// blocks) it occupies.
+    pub fn decode(buf: &[u8]) -> Result<(Txn, usize), FormatError> {
+        let mut r = Reader::new(buf, "journal transaction");
+        let magic = r.u32()?;
+        if magic != TXN_MAGIC {
+            return Err(FormatError::Corrupt(format!(
+                "no journal transaction here (magic {magic:#010x})"
+            )));
+        }
+        let fs_id = r.u64()?;
+        let tid = r.u64()?;
+        let n = r.u32()? as usize;
+        let body_len = r.u32()? as usize;
+        if body_len > buf.len() {
+            return Err(FormatError::Truncated("journal transaction"));
+        }
+        let body = r.take(body_len)?;
+        let end = r.pos();
+        let stored = r.u32()?;
+        let computed = crc(&buf[..end]);
+        if stored != computed {
+            return Err(FormatError::Checksum {
+                what: "journal transaction",
+                stored,
+                computed,
+            });
+        }
+        let mut br = Reader::new(body, "journal record");
+        // Each record is at least 9 bytes: a count beyond that is corruption, and
+        // checking first keeps a forged count from reserving huge memory.
+        if n > body_len / 9 + 1 {
+            return Err(FormatError::Corrupt(format!(
+                "transaction {tid} claims {n} records in {body_len} bytes"
+            )));
+        }
+        let mut records = Vec::with_capacity(n);
+        for _ in 0..n {
+            records.push(Record::decode(&mut br)?);
+        }
+        if br.remaining() != 0 {
+            return Err(FormatError::Corrupt(format!(
+                "transaction {tid} has {} stray bytes",
+                br.remaining()
+            )));
+        }
+        Ok((
+            Txn {
+                fs_id,
+                tid,
+                records,
+            },
+            (TXN_HEADER + body_len + 4).next_multiple_of(BLOCK_SIZE),
+        ))
+    }
+}
+
+/// A checkpoint: the full metadata image as of transaction `tid`, in one of the two
+/// alternating slots; mount takes the valid one with the higher `seq`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub fs_id: u64,
+    pub seq: u64,
+    /// Every transaction up to and including this one is in the image.
+    pub tid: u64,
+    pub image: Vec<u8>,
+}
+
+impl Checkpoint {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u32(CKPT_MAGIC)
+            .u64(self.fs_id)
+            .u64(self.seq)
+            .u64(self.tid)
+            .bytes(&self.image);
+        let c = crc(&w.0);
+        w.u32(c);
+        let len = w.0.len().next_multiple_of(BLOCK_SIZE);
+        w.0.resize(len, 0);
+        w.0
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Checkpoint, FormatError> {
+        let mut r = Reader::new(buf, "checkpoint");
+        let magic = r.u32()?;
+        if magic != CKPT_MAGIC {
+            return Err(FormatError::Corrupt(format!(
+                "no checkpoint here (magic {magic:#010x})"
+            )));
+        }
+        let fs_id = r.u64()?;
+        let seq = r.u64()?;
+        let tid = r.u64()?;
+        let image = r.bytes()?.to_vec();
+        let end = r.pos();
+        let stored = r.u32()?;
+        let computed = crc(&buf[..end]);
+        if stored != computed {
+            return Err(FormatError::Checksum {
+                what: "checkpoint",
+                stored,
+                computed,
+            });
+        }
+        Ok(Checkpoint {
+            fs_id,
+            seq,
+            tid,
+            image,
+        })
+    }
+
+    /// The newest valid checkpoint of this filesystem among the two slots.
+    pub fn newest(fs_id: u64, slots: [&[u8]; 2]) -> Result<Checkpoint, FormatError> {
+        let mut errs = Vec::new();
+        let mut best: Option<Checkpoint> = None;
+        for (i, s) in slots.iter().enumerate() {
+            match Checkpoint::decode(s) {
+                Ok(c) if c.fs_id == fs_id => {
+                    if best.as_ref().is_none_or(|b| c.seq > b.seq) {
+                        best = Some(c);
+                    }
+                }
+                Ok(c) => errs.push(format!(
+                    "slot {i} belongs to another filesystem ({:#x})",
+                    c.fs_id
+                )),
+                Err(e) => errs.push(format!("slot {i}: {e}")),
+            }
+        }
+        best.ok_or_else(|| {
+            FormatError::Corrupt(format!("no valid checkpoint: {}", errs.join("; ")))
+        })
+    }
+}
+
+impl fmt::Display for Txn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "transaction {} ({} records)",
+            self.tid,
+            self.records.len()
+        )
+    }
+}
