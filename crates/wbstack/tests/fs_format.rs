@@ -49,11 +49,11 @@ fn record() -> impl Strategy<Value = Record> {
                 len
             }
         ),
-        (any::<u64>(), any::<u64>()).prop_map(|(start, len)| Record::FreeExtent { start, len }),
+        (any::<u64>(), any::<u64>()).prop_map(|(ino, size)| Record::Truncate { ino, size }),
         (any::<u64>(), prop::collection::vec(1u8..255, 1..100))
             .prop_map(|(ino, target)| Record::SetTarget { ino, target }),
         any::<u64>().prop_map(|ino| Record::Orphan { ino }),
-        any::<u64>().prop_map(|ino| Record::OrphanDone { ino }),
+        any::<u64>().prop_map(|ino| Record::Delete { ino }),
     ]
 }
 
@@ -87,7 +87,7 @@ proptest! {
     fn superblock_and_checkpoint_round_trip(nr in 1024u64..(1u64 << 36), id in any::<u64>(), seq in any::<u64>(), image in prop::collection::vec(any::<u8>(), 0..9000)) {
         let sb = Superblock::layout(nr, id, 5).unwrap();
         prop_assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
-        let c = Checkpoint { fs_id: id, seq, tid: seq / 2, image };
+        let c = Checkpoint { fs_id: id, seq, tid: seq / 2, journal_pos: seq % 7, image };
         prop_assert_eq!(Checkpoint::decode(&c.encode()).unwrap(), c);
     }
 
@@ -172,6 +172,7 @@ fn newest_valid_checkpoint_wins_and_a_torn_one_is_skipped() {
         fs_id: 5,
         seq: 10,
         tid: 100,
+        journal_pos: 0,
         image: vec![1; 5000],
     }
     .encode();
@@ -179,6 +180,7 @@ fn newest_valid_checkpoint_wins_and_a_torn_one_is_skipped() {
         fs_id: 5,
         seq: 11,
         tid: 120,
+        journal_pos: 3,
         image: vec![2; 5000],
     }
     .encode();
@@ -190,6 +192,7 @@ fn newest_valid_checkpoint_wins_and_a_torn_one_is_skipped() {
         fs_id: 6,
         seq: 99,
         tid: 1,
+        journal_pos: 0,
         image: vec![],
     }
     .encode();

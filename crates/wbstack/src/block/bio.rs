@@ -99,6 +99,10 @@ pub enum BlkError {
     /// The bio itself is malformed (EINVAL): unaligned, past the end, wrong length.
     #[error("invalid bio: {0}")]
     Invalid(String),
+    /// The filesystem above has no room for the data (ENOSPC): raised by its
+    /// reservation at write time, so the page cache can pass it to `write()`.
+    #[error("no space left on device")]
+    NoSpace,
 }
 
 impl BlkError {
@@ -107,6 +111,7 @@ impl BlkError {
             BlkError::Io | BlkError::PowerLoss => libc::EIO,
             BlkError::NotSupported(_) => libc::EOPNOTSUPP,
             BlkError::Invalid(_) => libc::EINVAL,
+            BlkError::NoSpace => libc::ENOSPC,
         }
     }
 }

@@ -136,7 +136,7 @@ impl Superblock {
     /// the device (bounded), data after them.
     pub fn layout(nr_blocks: u64, fs_id: u64, created_ns: u64) -> Result<Superblock, FormatError> {
         let journal_blocks = (nr_blocks / 64).clamp(256, 32768);
-        let ckpt_blocks = (nr_blocks / 64).clamp(256, 65536);
+        let ckpt_blocks = (nr_blocks / 64).clamp(512, 262144);
         let journal_start = 2;
         let a = journal_start + journal_blocks;
         let b = a + ckpt_blocks;
@@ -299,15 +299,18 @@ pub enum Record {
         name: Vec<u8>,
         ino: u64,
     },
-    SetSize {
-        ino: u64,
-        size: u64,
-    },
+    /// The on-disk size (the kernel's i_disksize): grows only after the data under it
+    /// was written, so a crash never shows a file longer than what reached the disk.
+    SetSize { ino: u64, size: u64 },
+    /// Shrink (or grow) to `size`, freeing every block wholly past it. The freed blocks
+    /// are derived from the inode, so replay cannot free the wrong ones.
+    Truncate { ino: u64, size: u64 },
     SetAttr {
         ino: u64,
         mode: u32,
         uid: u32,
         gid: u32,
+        atime_ns: u64,
         mtime_ns: u64,
         ctime_ns: u64,
     },
@@ -319,23 +322,13 @@ pub enum Record {
         start: u64,
         len: u64,
     },
-    /// Device blocks returned to free space (reusable once this transaction commits).
-    FreeExtent {
-        start: u64,
-        len: u64,
-    },
     /// A symlink's target.
-    SetTarget {
-        ino: u64,
-        target: Vec<u8>,
-    },
-    /// The inode is unlinked but open, or mid-truncate: clean it at mount if still set.
-    Orphan {
-        ino: u64,
-    },
-    OrphanDone {
-        ino: u64,
-    },
+    SetTarget { ino: u64, target: Vec<u8> },
+    /// The inode has no names left but is still open: delete it at mount if the
+    /// matching `Delete` never made it to the journal.
+    Orphan { ino: u64 },
+    /// The inode (no names left, not open) is gone and its blocks are free.
+    Delete { ino: u64 },
 }
 
 impl Record {
@@ -371,6 +364,7 @@ impl Record {
                 mode,
                 uid,
                 gid,
+                atime_ns,
                 mtime_ns,
                 ctime_ns,
             } => {
@@ -379,6 +373,7 @@ impl Record {
                     .u32(*mode)
                     .u32(*uid)
                     .u32(*gid)
+                    .u64(*atime_ns)
                     .u64(*mtime_ns)
                     .u64(*ctime_ns);
             }
@@ -390,8 +385,8 @@ impl Record {
             } => {
                 w.u8(6).u64(*ino).u64(*file_block).u64(*start).u64(*len);
             }
-            Record::FreeExtent { start, len } => {
-                w.u8(7).u64(*start).u64(*len);
+            Record::Truncate { ino, size } => {
+                w.u8(7).u64(*ino).u64(*size);
             }
             Record::SetTarget { ino, target } => {
                 w.u8(8).u64(*ino).bytes(target);
@@ -399,7 +394,7 @@ impl Record {
             Record::Orphan { ino } => {
                 w.u8(9).u64(*ino);
             }
-            Record::OrphanDone { ino } => {
+            Record::Delete { ino } => {
                 w.u8(10).u64(*ino);
             }
         }
@@ -445,6 +440,7 @@ impl Record {
                 mode: r.u32()?,
                 uid: r.u32()?,
                 gid: r.u32()?,
+                atime_ns: r.u64()?,
                 mtime_ns: r.u64()?,
                 ctime_ns: r.u64()?,
             },
@@ -454,9 +450,9 @@ impl Record {
                 start: r.u64()?,
                 len: r.u64()?,
             },
-            7 => Record::FreeExtent {
-                start: r.u64()?,
-                len: r.u64()?,
+            7 => Record::Truncate {
+                ino: r.u64()?,
+                size: r.u64()?,
             },
             8 => {
                 let ino = r.u64()?;
@@ -473,7 +469,7 @@ impl Record {
                 }
             }
             9 => Record::Orphan { ino: r.u64()? },
-            10 => Record::OrphanDone { ino: r.u64()? },
+            10 => Record::Delete { ino: r.u64()? },
             t => {
                 return Err(FormatError::Corrupt(format!(
                     "unknown journal record type {t}"
@@ -513,6 +509,29 @@ impl Txn {
         let len = w.0.len().next_multiple_of(BLOCK_SIZE);
         w.0.resize(len, 0);
         w.0
+    }
+
+    /// How many bytes (whole blocks) the transaction starting at `buf` occupies, from its
+    /// header alone (the first block is enough), so a reader knows how much to read. An
+    /// error means no transaction of filesystem `fs_id` starts here: the end of the log.
+    pub fn peek_len(buf: &[u8], fs_id: u64) -> Result<usize, FormatError> {
+        let mut r = Reader::new(buf, "journal transaction");
+        let magic = r.u32()?;
+        if magic != TXN_MAGIC {
+            return Err(FormatError::Corrupt(format!(
+                "no journal transaction here (magic {magic:#010x})"
+            )));
+        }
+        let id = r.u64()?;
+        if id != fs_id {
+            return Err(FormatError::Corrupt(format!(
+                "journal transaction of another filesystem ({id:#x})"
+            )));
+        }
+        let _tid = r.u64()?;
+        let _n = r.u32()?;
+        let body_len = r.u32()? as usize;
+        Ok((TXN_HEADER + body_len + 4).next_multiple_of(BLOCK_SIZE))
     }
 
     /// Decode the transaction at the start of `buf`; returns it and the bytes (whole
@@ -580,8 +599,12 @@ pub struct Checkpoint {
     pub seq: u64,
     /// Every transaction up to and including this one is in the image.
     pub tid: u64,
+    /// Journal block (relative to the journal's start) where transaction `tid + 1` goes.
+    pub journal_pos: u64,
     pub image: Vec<u8>,
 }
+
+const CKPT_HEADER: usize = 4 + 8 + 8 + 8 + 8 + 4;
 
 impl Checkpoint {
     pub fn encode(&self) -> Vec<u8> {
@@ -590,6 +613,7 @@ impl Checkpoint {
             .u64(self.fs_id)
             .u64(self.seq)
             .u64(self.tid)
+            .u64(self.journal_pos)
             .bytes(&self.image);
         let c = crc(&w.0);
         w.u32(c);
@@ -609,6 +633,7 @@ impl Checkpoint {
         let fs_id = r.u64()?;
         let seq = r.u64()?;
         let tid = r.u64()?;
+        let journal_pos = r.u64()?;
         let image = r.bytes()?.to_vec();
         let end = r.pos();
         let stored = r.u32()?;
@@ -624,8 +649,24 @@ impl Checkpoint {
             fs_id,
             seq,
             tid,
+            journal_pos,
             image,
         })
+    }
+
+    /// Bytes (whole blocks) of the checkpoint whose first block is `buf`, from its
+    /// header; an error if no checkpoint starts there.
+    pub fn peek_len(buf: &[u8]) -> Result<usize, FormatError> {
+        let mut r = Reader::new(buf, "checkpoint");
+        let magic = r.u32()?;
+        if magic != CKPT_MAGIC {
+            return Err(FormatError::Corrupt(format!(
+                "no checkpoint here (magic {magic:#010x})"
+            )));
+        }
+        let _ = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        let len = r.u32()? as usize;
+        Ok((CKPT_HEADER + len + 4).next_multiple_of(BLOCK_SIZE))
     }
 
     /// The newest valid checkpoint of this filesystem among the two slots.

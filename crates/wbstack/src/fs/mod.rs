@@ -1,5 +1,25 @@
-//! The filesystem (issue 4, in progress): on-disk format and free-space allocation so
-//! far; namespace, journal, recovery and fsck build on these.
+//! The filesystem: a small extent filesystem with delayed allocation and an
+//! ordered-data metadata journal, mounted as a [`Volume`] with [`File`] handles.
+//!
+//! - `format`: on-disk structures (superblock, journal transactions, checkpoints).
+//! - `alloc`: free space as an extent map; reservations, goal cursor, deferred frees.
+//! - `meta`: the durable metadata and the one `apply` that both live operations and
+//!   journal replay use; fsck's invariant checks.
+//! - `volume`: the mounted filesystem, namespace operations, delayed allocation.
+//! - `journal`: mkfs, mount and recovery, the committer (group commit, checkpoints).
+//! - `fsck`: the offline checker.
 
 pub mod alloc;
+pub mod error;
 pub mod format;
+pub mod fsck;
+pub mod journal;
+pub mod meta;
+pub mod volume;
+
+pub use error::{FsError, FsResult};
+pub use format::InodeKind;
+pub use journal::MkfsOptions;
+pub use volume::{
+    DirEntry, File, JournalStats, MountOptions, OpenOptions, SetAttr, Stat, StatFs, Volume,
+};

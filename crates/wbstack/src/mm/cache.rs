@@ -21,12 +21,29 @@ pub trait AddressSpaceOps: Send + Sync + 'static {
     fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError>;
     /// Map for reading: (Some(first sector) or None for a hole, pages) runs in order.
     fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError>;
+    /// Pages [index, index+n) are about to be written by `write()`: reserve what they
+    /// need (delayed allocation) so a full device fails the write, never the writeback.
+    /// Called before any page changes; an error fails the write.
+    fn prepare_write(&self, _ino: u64, _index: u64, _n: u64) -> BlkResult {
+        Ok(())
+    }
     /// Write the inode's metadata (write_inode).
     fn write_inode(&self, _ino: u64, _sync: bool) -> BlkResult {
         Ok(())
     }
-    /// A data write of pages [index, index+n) completed (ordered-data hook).
-    fn end_write(&self, _ino: u64, _index: u64, _n: u64, _status: &BlkResult) {}
+    /// A data write of pages [index, index+n) to `sector` (as `map_write` returned it)
+    /// completed, with the file `i_size` bytes long at that moment (ordered-data hook:
+    /// only now may metadata pointing at these blocks be journaled).
+    fn end_write(
+        &self,
+        _ino: u64,
+        _index: u64,
+        _n: u64,
+        _sector: u64,
+        _i_size: u64,
+        _status: &BlkResult,
+    ) {
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -281,6 +298,12 @@ impl Mapping {
     /// Buffered write of `data` at byte `off`. Partial pages inside the file are read
     /// first (read-modify-write); the writer is then throttled (never made to write).
     pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize, BlkError> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let first = off / PAGE_SIZE as u64;
+        let last = (off + data.len() as u64 - 1) / PAGE_SIZE as u64;
+        self.ops.prepare_write(self.ino, first, last - first + 1)?;
         let mut done = 0usize;
         let mut newly_dirty = 0u64;
         let mut became_dirty = false;
@@ -645,7 +668,7 @@ impl Mapping {
             let map = match self.ops.map_write(self.ino, start, n) {
                 Ok(m) => m,
                 Err(e) => {
-                    self.end_writeback(start, n, Err(e.clone()));
+                    self.end_writeback(start, n, u64::MAX, Err(e.clone()));
                     first_err = first_err.and(Err(e));
                     continue;
                 }
@@ -664,9 +687,10 @@ impl Mapping {
                         mapping: self.arc(),
                         index: idx,
                         pages: cnt,
+                        sector,
                     }));
                 if let Err(e) = q.submit_bio(bio) {
-                    self.end_writeback(idx, cnt, Err(e.clone()));
+                    self.end_writeback(idx, cnt, sector, Err(e.clone()));
                     first_err = first_err.and(Err(e));
                 }
                 idx += cnt;
@@ -675,8 +699,10 @@ impl Mapping {
         first_err
     }
 
-    fn end_writeback(&self, index: u64, n: u64, status: BlkResult) {
-        self.ops.end_write(self.ino, index, n, &status);
+    fn end_writeback(&self, index: u64, n: u64, sector: u64, status: BlkResult) {
+        let size = self.size();
+        self.ops
+            .end_write(self.ino, index, n, sector, size, &status);
         let mut inner = self.inner.lock();
         for i in index..index + n {
             if let Some(p) = inner.pages.get_mut(&i) {
@@ -749,11 +775,13 @@ struct WriteEnd {
     mapping: Arc<Mapping>,
     index: u64,
     pages: u64,
+    sector: u64,
 }
 
 impl BioEndIo for WriteEnd {
     fn end_io(&self, _bio: Bio, status: BlkResult) {
-        self.mapping.end_writeback(self.index, self.pages, status);
+        self.mapping
+            .end_writeback(self.index, self.pages, self.sector, status);
     }
 }
 

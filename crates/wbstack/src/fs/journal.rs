@@ -1,0 +1,732 @@
+//! The metadata journal: mkfs, mount (load the newest checkpoint, replay the journal
+//! after it, delete orphans), the committer thread (group commit, periodic commit,
+//! checkpoints), fsync's wait, unmount and the crash of tests.
+//!
+//! On disk a commit is one write of one transaction at the journal head, with
+//! PREFLUSH|FUA: PREFLUSH makes every data write that completed before it durable first
+//! (ordered data: extents are only logged once their data write completed), FUA makes
+//! the transaction itself durable. A transaction torn by a crash fails its CRC and ends
+//! the journal. When the journal is three quarters full (or at unmount) the committer
+//! writes a checkpoint instead: the whole metadata image, taken under the same lock that
+//! closes the transaction, to the older of the two slots; it commits that transaction,
+//! and the journal starts again at its first block. The slot it replaces is never the
+//! one a crash would need: the newest valid checkpoint and the journal after it stay
+//! intact until the new checkpoint is durable.
+
+use super::error::{FsError, FsResult};
+use super::format::{Checkpoint, FormatError, Superblock, Txn, BLOCK_SIZE, SB_BLOCKS};
+use super::meta::{ApplyMode, Meta};
+use super::volume::{Aops, JState, MountOptions, State, Vol, Volume};
+use crate::block::{BioFlags, RequestQueue};
+use crate::buf::IoBuf;
+use crate::clock::{NSEC_PER_MSEC, NSEC_PER_USEC};
+use crate::mm::PageCache;
+use crate::trace;
+use crate::writeback::Bdi;
+use parking_lot::{Condvar, Mutex};
+use serde_json::json;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+const PAGE: u64 = BLOCK_SIZE as u64;
+/// Journal blocks read per IO during replay.
+const REPLAY_WINDOW: u64 = 256;
+
+#[derive(Clone, Debug, Default)]
+pub struct MkfsOptions {
+    /// Filesystem id stamped into every structure (random when None).
+    pub fs_id: Option<u64>,
+}
+
+fn sector(block: u64) -> u64 {
+    block * (PAGE / 512)
+}
+
+fn read_blocks(q: &Arc<RequestQueue>, block: u64, n: u64) -> FsResult<Vec<u8>> {
+    let buf = q.read_sync(sector(block), (n * PAGE) as usize)?;
+    Ok(buf.as_slice().to_vec())
+}
+
+fn device_blocks(q: &RequestQueue) -> FsResult<u64> {
+    let g = q.geometry();
+    if g.logical_block_size as u64 > PAGE {
+        return Err(FsError::Invalid(format!(
+            "the device's logical block size {} is larger than the filesystem block ({PAGE})",
+            g.logical_block_size
+        )));
+    }
+    Ok(g.size_bytes / PAGE)
+}
+
+/// Write a new, empty filesystem on the device.
+pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
+    let nr = device_blocks(q)?;
+    let now = q.clock().now_ns();
+    let fs_id = o.fs_id.unwrap_or_else(rand::random);
+    let sb = Superblock::layout(nr, fs_id, now).map_err(FsError::Format)?;
+    let meta = Meta::mkfs(sb.data_start, nr, now);
+    let ckpt = Checkpoint {
+        fs_id,
+        seq: 1,
+        tid: 0,
+        journal_pos: 0,
+        image: meta.encode_image(),
+    }
+    .encode();
+    q.write_sync(
+        sector(sb.checkpoint[0].0),
+        IoBuf::from_slice(&ckpt),
+        BioFlags::empty(),
+    )?;
+    // Whatever a previous filesystem left in slot B and the journal is recognised as
+    // foreign by its fs_id anyway; clearing their first blocks keeps fsck's report clean.
+    let zero = IoBuf::zeroed(BLOCK_SIZE);
+    q.write_sync(sector(sb.checkpoint[1].0), zero.clone(), BioFlags::empty())?;
+    q.write_sync(sector(sb.journal_start), zero, BioFlags::empty())?;
+    let enc = sb.encode();
+    for b in SB_BLOCKS {
+        q.write_sync(sector(b), IoBuf::from_slice(&enc), BioFlags::empty())?;
+    }
+    q.flush_sync()?;
+    Ok(sb)
+}
+
+/// What loading an image found: the state after replay, and what was wrong on the way.
+pub struct Loaded {
+    pub sb: Superblock,
+    pub meta: Meta,
+    pub ckpt_slot: usize,
+    pub ckpt_seq: u64,
+    pub ckpt_tid: u64,
+    /// Every transaction up to this one was replayed.
+    pub last_tid: u64,
+    pub txns_replayed: u64,
+    /// Why replay stopped (the end of the journal is normally a torn or stale block).
+    pub journal_end: String,
+    /// Problems that do not stop a mount (a bad superblock copy, a bad older slot).
+    pub warnings: Vec<String>,
+    /// A record that could not be applied (fsck mode only; mount fails instead).
+    pub replay_error: Option<String>,
+}
+
+/// Read the superblock (either copy), the newest valid checkpoint and replay the
+/// journal after it. `strict` (mount) fails on a record that does not apply; otherwise
+/// (fsck) the error is reported and replay stops there.
+pub fn load(q: &Arc<RequestQueue>, strict: bool) -> FsResult<Loaded> {
+    let nr = device_blocks(q)?;
+    let mut warnings = Vec::new();
+    let mut sb = None;
+    let mut first_err = None;
+    for b in SB_BLOCKS {
+        if b >= nr {
+            break;
+        }
+        match Superblock::decode(&read_blocks(q, b, 1)?) {
+            Ok(s) => {
+                if sb.is_none() {
+                    sb = Some(s);
+                }
+            }
+            Err(e) => {
+                warnings.push(format!("superblock copy in block {b}: {e}"));
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    let sb = match sb {
+        Some(s) => s,
+        None => {
+            return Err(FsError::Format(first_err.unwrap_or(
+                FormatError::Truncated("device (too small to hold a superblock)"),
+            )))
+        }
+    };
+    if sb.nr_blocks > nr {
+        return Err(FsError::Corrupt(format!(
+            "the filesystem spans {} blocks but the device has only {nr} (a truncated image?)",
+            sb.nr_blocks
+        )));
+    }
+    // The newest valid checkpoint.
+    let mut best: Option<(usize, Checkpoint)> = None;
+    let mut slot_errs = Vec::new();
+    for (i, &(start, len)) in sb.checkpoint.iter().enumerate() {
+        let res = (|| -> Result<Checkpoint, String> {
+            let first = read_blocks(q, start, 1).map_err(|e| e.to_string())?;
+            let bytes = Checkpoint::peek_len(&first).map_err(|e| e.to_string())? as u64;
+            if bytes > len * PAGE {
+                return Err(format!(
+                    "claims {bytes} bytes but the slot holds {}",
+                    len * PAGE
+                ));
+            }
+            let all = read_blocks(q, start, bytes / PAGE).map_err(|e| e.to_string())?;
+            let c = Checkpoint::decode(&all).map_err(|e| e.to_string())?;
+            if c.fs_id != sb.fs_id {
+                return Err(format!("belongs to another filesystem ({:#x})", c.fs_id));
+            }
+            if c.journal_pos >= sb.journal_blocks {
+                return Err(format!(
+                    "points at journal block {} of {}",
+                    c.journal_pos, sb.journal_blocks
+                ));
+            }
+            Ok(c)
+        })();
+        match res {
+            Ok(c) => {
+                if best.as_ref().is_none_or(|(_, b)| c.seq > b.seq) {
+                    best = Some((i, c));
+                }
+            }
+            Err(e) => slot_errs.push(format!("checkpoint slot {i}: {e}")),
+        }
+    }
+    let Some((slot, ckpt)) = best else {
+        return Err(FsError::Corrupt(format!(
+            "no valid checkpoint ({})",
+            slot_errs.join("; ")
+        )));
+    };
+    // A bad slot is normal after a crash during a checkpoint write; report it for fsck.
+    warnings.extend(slot_errs);
+    let mut meta = Meta::decode_image(&ckpt.image, sb.data_start, sb.nr_blocks)
+        .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
+    let (last_tid, replayed, journal_end, replay_error) =
+        replay(q, &sb, &mut meta, ckpt.journal_pos, ckpt.tid, strict)?;
+    Ok(Loaded {
+        sb,
+        meta,
+        ckpt_slot: slot,
+        ckpt_seq: ckpt.seq,
+        ckpt_tid: ckpt.tid,
+        last_tid,
+        txns_replayed: replayed,
+        journal_end,
+        warnings,
+        replay_error,
+    })
+}
+
+/// Apply the transactions after checkpoint `tid` found from journal block `pos` on.
+fn replay(
+    q: &Arc<RequestQueue>,
+    sb: &Superblock,
+    meta: &mut Meta,
+    mut pos: u64,
+    tid: u64,
+    strict: bool,
+) -> FsResult<(u64, u64, String, Option<String>)> {
+    let mut expect = tid + 1;
+    let mut replayed = 0;
+    // A window of journal blocks read in one IO: [win_start, win_start + win.len()).
+    let mut win_start = u64::MAX;
+    let mut win: Vec<u8> = Vec::new();
+    let jb = sb.journal_blocks;
+    let end = loop {
+        if pos >= jb {
+            break "the end of the journal area".to_string();
+        }
+        let have = |ws: u64, w: &Vec<u8>, p: u64, n: u64| {
+            ws != u64::MAX && p >= ws && (p + n) * PAGE <= ws * PAGE + w.len() as u64
+        };
+        if !have(win_start, &win, pos, 1) {
+            win_start = pos;
+            win = read_blocks(q, sb.journal_start + pos, REPLAY_WINDOW.min(jb - pos))?;
+        }
+        let off = ((pos - win_start) * PAGE) as usize;
+        let len = match Txn::peek_len(&win[off..], sb.fs_id) {
+            Ok(l) => l as u64,
+            Err(e) => break format!("journal block {pos}: {e}"),
+        };
+        if pos + len / PAGE > jb {
+            break format!("journal block {pos}: a transaction running past the journal's end");
+        }
+        if !have(win_start, &win, pos, len / PAGE) {
+            win_start = pos;
+            win = read_blocks(
+                q,
+                sb.journal_start + pos,
+                (len / PAGE).max(REPLAY_WINDOW.min(jb - pos)),
+            )?;
+        }
+        let off = ((pos - win_start) * PAGE) as usize;
+        let txn = match Txn::decode(&win[off..off + len as usize]) {
+            Ok((t, _)) => t,
+            Err(e) => break format!("journal block {pos}: {e} (torn by a crash)"),
+        };
+        if txn.tid != expect {
+            break format!(
+                "journal block {pos}: transaction {} where {expect} was due (stale)",
+                txn.tid
+            );
+        }
+        for (k, rec) in txn.records.iter().enumerate() {
+            if let Err(e) = meta.apply(rec, ApplyMode::Replay) {
+                let msg = format!("journal transaction {expect}, record {k} ({rec:?}): {e}");
+                if strict {
+                    return Err(FsError::Corrupt(msg));
+                }
+                return Ok((
+                    expect - 1,
+                    replayed,
+                    "a record that does not apply".into(),
+                    Some(msg),
+                ));
+            }
+        }
+        replayed += 1;
+        expect += 1;
+        pos += len / PAGE;
+    };
+    Ok((expect - 1, replayed, end, None))
+}
+
+impl Volume {
+    /// Write a new filesystem on the device (see [`mkfs`]).
+    pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
+        mkfs(q, o)
+    }
+
+    /// Open the device of `spec` and mount the filesystem on it.
+    pub fn mount_spec(spec: &str, opts: MountOptions) -> FsResult<Volume> {
+        let q = RequestQueue::open(spec, Default::default())
+            .map_err(|e| FsError::Invalid(format!("{spec}: {e}")))?;
+        Volume::mount(q, opts)
+    }
+
+    /// Mount: load, replay, delete orphans, write a fresh checkpoint (so the journal
+    /// starts empty), start the committer and the flusher.
+    pub fn mount(q: Arc<RequestQueue>, opts: MountOptions) -> FsResult<Volume> {
+        let mut l = load(&q, true)?;
+        let orphans: Vec<u64> = l.meta.orphans.iter().copied().collect();
+        for ino in &orphans {
+            l.meta
+                .apply(
+                    &super::format::Record::Delete { ino: *ino },
+                    ApplyMode::Replay,
+                )
+                .map_err(|e| FsError::Corrupt(format!("orphan {ino}: {e}")))?;
+        }
+        let slot = 1 - l.ckpt_slot;
+        let seq = l.ckpt_seq + 1;
+        let ckpt = Checkpoint {
+            fs_id: l.sb.fs_id,
+            seq,
+            tid: l.last_tid,
+            journal_pos: 0,
+            image: l.meta.encode_image(),
+        }
+        .encode();
+        if ckpt.len() as u64 > l.sb.checkpoint[slot].1 * PAGE {
+            return Err(FsError::NoSpace);
+        }
+        q.write_sync(
+            sector(l.sb.checkpoint[slot].0),
+            IoBuf::from_slice(&ckpt),
+            BioFlags::PREFLUSH | BioFlags::FUA,
+        )?;
+        trace::emit(
+            "fs_mount",
+            || json!({"replayed": l.txns_replayed, "last_tid": l.last_tid, "orphans": orphans.len(), "journal_end": l.journal_end}),
+        );
+        let cache = PageCache::new(opts.cache.clone());
+        let bdi = Bdi::new(q.clone(), cache.clone(), opts.wb.clone());
+        let aops = Arc::new(Aops {
+            vol: Mutex::new(Weak::new()),
+        });
+        let clock = q.clock().clone();
+        let jwaiter = crate::clock::Waiter::new();
+        clock.register_waiter(&jwaiter);
+        let vol = Arc::new(Vol {
+            q,
+            cache,
+            bdi,
+            sb: l.sb,
+            clock,
+            opts,
+            st: Mutex::new(State {
+                meta: l.meta,
+                running_tid: l.last_tid + 1,
+                txn: Vec::new(),
+                txn_inodes: BTreeSet::new(),
+                txn_first_ns: None,
+                live: HashMap::new(),
+                inflight: HashMap::new(),
+                aborted: None,
+            }),
+            icache: Mutex::new(HashMap::new()),
+            jn: Mutex::new(JState {
+                committed: l.last_tid,
+                want_tid: l.last_tid,
+                ckpt_seq: seq,
+                ckpt_slot: slot,
+                ..Default::default()
+            }),
+            jcv: Condvar::new(),
+            jwaiter,
+            aops: aops.clone(),
+            committer: Mutex::new(None),
+            unmounted: AtomicBool::new(false),
+            barrier_started: AtomicU64::new(0),
+        });
+        *aops.vol.lock() = Arc::downgrade(&vol);
+        let weak = Arc::downgrade(&vol);
+        let h = std::thread::Builder::new()
+            .name("fs-commit".into())
+            .spawn(move || committer(weak))
+            .map_err(|e| FsError::Invalid(format!("cannot start the commit thread: {e}")))?;
+        *vol.committer.lock() = Some(h);
+        Ok(Volume { vol })
+    }
+
+    /// Unmount: write back everything, write a final checkpoint, stop the threads.
+    pub fn unmount(self) -> FsResult<()> {
+        self.vol.unmount()
+    }
+
+    /// Stop at once, as if the machine stopped: no writeback, no commit (for crash
+    /// tests, after cutting the device's power).
+    pub fn crash(self) {
+        self.vol.stop_threads("the volume was crashed");
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        let _ = self.vol.unmount();
+    }
+}
+
+fn committer(weak: Weak<Vol>) {
+    loop {
+        let Some(vol) = weak.upgrade() else { return };
+        if !vol.committer_step() {
+            return;
+        }
+    }
+}
+
+enum Payload {
+    Nothing,
+    Txn(Vec<u8>),
+    Checkpoint(Vec<u8>),
+}
+
+impl Vol {
+    /// One decision of the committer; false when it must exit.
+    fn committer_step(&self) -> bool {
+        let now = self.now();
+        let interval = self.opts.commit_interval_ms * NSEC_PER_MSEC;
+        let (need_commit, need_barrier, force, stop, multi, avg) = {
+            let j = self.jn.lock();
+            if j.error.is_some() {
+                return false;
+            }
+            (
+                j.want_tid > j.committed,
+                j.barrier_want > j.barrier_started,
+                j.force_checkpoint,
+                j.stop,
+                j.multi_sync,
+                j.avg_commit_ns,
+            )
+        };
+        if stop {
+            return false;
+        }
+        let (pending, first) = {
+            let st = self.st.lock();
+            (
+                !st.txn.is_empty() || !st.txn_inodes.is_empty(),
+                st.txn_first_ns,
+            )
+        };
+        let periodic = pending && first.is_some_and(|t| now >= t + interval);
+        if !(need_commit || need_barrier || force || periodic) {
+            let deadline = first.map_or(now + interval, |t| t + interval);
+            self.clock.wait_until(&self.jwaiter, deadline);
+            return true;
+        }
+        if need_commit && multi && !force {
+            // jbd2's batching: when several threads sync, give the others a window to
+            // join this commit, bounded by how long a commit takes.
+            let c = avg.clamp(
+                self.opts.min_batch_us * NSEC_PER_USEC,
+                self.opts.max_batch_us * NSEC_PER_USEC,
+            );
+            if let Some(t0) = first {
+                let until = t0 + c;
+                while self.now() < until && !self.jn.lock().stop {
+                    self.clock.wait_until(&self.jwaiter, until);
+                }
+            }
+        }
+        self.commit(force);
+        true
+    }
+
+    /// Close the running transaction and make it durable (a journal write, a
+    /// checkpoint, or for an empty one a cache flush if someone needs one).
+    fn commit(&self, force_ckpt: bool) {
+        let t0 = self.now();
+        let (head, jblocks) = {
+            let j = self.jn.lock();
+            (j.head, self.sb.journal_blocks)
+        };
+        let (tid, payload, nrec) = {
+            let mut st = self.st.lock();
+            if st.aborted.is_some() {
+                return;
+            }
+            st.restate();
+            let records = std::mem::take(&mut st.txn);
+            let tid = st.running_tid;
+            st.running_tid += 1;
+            st.txn_first_ns = None;
+            let nrec = records.len();
+            let enc = (!records.is_empty()).then(|| {
+                Txn {
+                    fs_id: self.sb.fs_id,
+                    tid,
+                    records,
+                }
+                .encode()
+            });
+            let blocks = enc.as_ref().map_or(0, |e| e.len() as u64 / PAGE);
+            let ckpt = force_ckpt || (blocks > 0 && head + blocks > jblocks * 3 / 4);
+            let payload = if ckpt {
+                Payload::Checkpoint(st.meta.encode_image())
+            } else {
+                match enc {
+                    Some(e) => Payload::Txn(e),
+                    None => Payload::Nothing,
+                }
+            };
+            (tid, payload, nrec)
+        };
+        let need_barrier = {
+            let j = self.jn.lock();
+            j.barrier_want > j.barrier_started
+        };
+        let issues_barrier = !matches!(payload, Payload::Nothing) || need_barrier;
+        let gen = if issues_barrier {
+            let mut j = self.jn.lock();
+            j.barrier_started += 1;
+            self.barrier_started
+                .store(j.barrier_started, Ordering::Release);
+            Some(j.barrier_started)
+        } else {
+            None
+        };
+        let flags = BioFlags::PREFLUSH | BioFlags::FUA;
+        let (res, bytes, new_head, new_slot) = match payload {
+            Payload::Nothing if need_barrier => {
+                (self.q.flush_sync().map_err(FsError::from), 0, head, None)
+            }
+            Payload::Nothing => (Ok(()), 0, head, None),
+            Payload::Txn(e) => {
+                let n = e.len() as u64;
+                let r = self.q.write_sync(
+                    sector(self.sb.journal_start + head),
+                    IoBuf::from_slice(&e),
+                    flags,
+                );
+                (r.map_err(FsError::from), n, head + n / PAGE, None)
+            }
+            Payload::Checkpoint(image) => {
+                let (slot, seq) = {
+                    let j = self.jn.lock();
+                    (1 - j.ckpt_slot, j.ckpt_seq + 1)
+                };
+                let enc = Checkpoint {
+                    fs_id: self.sb.fs_id,
+                    seq,
+                    tid,
+                    journal_pos: 0,
+                    image,
+                }
+                .encode();
+                let n = enc.len() as u64;
+                let r = if n > self.sb.checkpoint[slot].1 * PAGE {
+                    Err(FsError::NoSpace)
+                } else {
+                    self.q
+                        .write_sync(
+                            sector(self.sb.checkpoint[slot].0),
+                            IoBuf::from_slice(&enc),
+                            flags,
+                        )
+                        .map_err(FsError::from)
+                };
+                (r, n, 0, Some((slot, seq)))
+            }
+        };
+        if let Err(e) = res {
+            self.abort(format!("a journal write failed ({e})"));
+            return;
+        }
+        self.st.lock().meta.alloc.commit(tid).ok();
+        let took = self.now().saturating_sub(t0);
+        let mut j = self.jn.lock();
+        j.committed = tid;
+        if let Some(g) = gen {
+            j.barrier_done = g;
+        }
+        j.head = new_head;
+        j.stats.bytes += bytes;
+        match (new_slot, bytes) {
+            (Some((slot, seq)), _) => {
+                j.ckpt_slot = slot;
+                j.ckpt_seq = seq;
+                j.force_checkpoint = false;
+                j.stats.checkpoints += 1;
+            }
+            (None, 0) if gen.is_some() => j.stats.flushes += 1,
+            (None, 0) => {}
+            (None, _) => j.stats.commits += 1,
+        }
+        if bytes > 0 {
+            j.avg_commit_ns = (took + 3 * j.avg_commit_ns) / 4;
+        }
+        j.last_commit_ns = self.now();
+        drop(j);
+        self.jcv.notify_all();
+        trace::emit(
+            "jbd2_commit",
+            || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": new_slot.is_some(), "ns": took}),
+        );
+    }
+
+    fn abort(&self, why: String) {
+        self.st.lock().aborted = Some(why.clone());
+        self.jn.lock().error = Some(why);
+        self.jcv.notify_all();
+    }
+
+    /// Wait until transaction `tid` is durable and, with `data_gen`, a cache flush that
+    /// started after that generation completed (the data written before it is durable).
+    pub(super) fn journal_wait(&self, tid: u64, data_gen: Option<u64>) -> FsResult<()> {
+        let mut j = self.jn.lock();
+        let me = std::thread::current().id();
+        let mut asked = false;
+        if tid > j.committed {
+            j.want_tid = j.want_tid.max(tid);
+            asked = true;
+        }
+        if let Some(g) = data_gen {
+            if j.barrier_done <= g {
+                j.barrier_want = j.barrier_want.max(g + 1);
+                asked = true;
+            }
+        }
+        if asked {
+            j.multi_sync = j.last_sync_thread.is_some_and(|t| t != me);
+            j.last_sync_thread = Some(me);
+            j.stats.sync_waits += 1;
+            self.jwaiter.kick();
+        }
+        loop {
+            if j.error.is_some() {
+                return Err(FsError::Io);
+            }
+            if j.committed >= tid && data_gen.is_none_or(|g| j.barrier_done > g) {
+                return Ok(());
+            }
+            self.jcv.wait(&mut j);
+        }
+    }
+
+    /// syncfs: every dirty page written and waited on, then one commit and flush.
+    pub(super) fn sync_all(&self) -> FsResult<()> {
+        let r = self.bdi.sync();
+        let tid = self.st.lock().running_tid;
+        let gen = self.barrier_started.load(Ordering::Acquire);
+        self.journal_wait(tid, Some(gen))?;
+        r.map_err(FsError::from)
+    }
+
+    /// fsync / fdatasync of one inode.
+    pub(super) fn fsync_ino(
+        &self,
+        ino: u64,
+        mapping: &crate::mm::Mapping,
+        datasync: bool,
+    ) -> FsResult<()> {
+        let r = mapping.write_and_wait(0, u64::MAX);
+        let err = mapping.take_error();
+        let (tid, gen) = {
+            let st = self.st.lock();
+            st.live.get(&ino).map_or((0, None), |l| {
+                (
+                    if datasync { l.datasync_tid } else { l.sync_tid },
+                    l.data_gen,
+                )
+            })
+        };
+        self.journal_wait(tid, gen)?;
+        r?;
+        if let Some(e) = err {
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    pub(super) fn unmount(&self) -> FsResult<()> {
+        if self.unmounted.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let r = self.sync_all();
+        let ck = if self.jn.lock().error.is_none() {
+            let before = self.jn.lock().stats.checkpoints;
+            {
+                let mut j = self.jn.lock();
+                j.force_checkpoint = true;
+            }
+            self.jwaiter.kick();
+            let mut j = self.jn.lock();
+            while j.stats.checkpoints == before && j.error.is_none() {
+                self.jcv.wait(&mut j);
+            }
+            match &j.error {
+                Some(e) => Err(FsError::ReadOnly(e.clone())),
+                None => Ok(()),
+            }
+        } else {
+            Err(FsError::Io)
+        };
+        self.stop_threads("the volume was unmounted");
+        r.and(ck)
+    }
+
+    pub(super) fn stop_threads(&self, why: &str) {
+        self.unmounted.store(true, Ordering::Release);
+        {
+            let mut j = self.jn.lock();
+            j.stop = true;
+            if j.error.is_none() {
+                j.error = Some(why.to_string());
+            }
+        }
+        {
+            let mut st = self.st.lock();
+            if st.aborted.is_none() {
+                st.aborted = Some(why.to_string());
+            }
+        }
+        self.jcv.notify_all();
+        self.jwaiter.kick();
+        if let Some(h) = self.committer.lock().take() {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+        self.bdi.shutdown();
+        // Break the cycle mapping -> bdi -> mapping of inodes still on the lists.
+        let inos: Vec<u64> = self.icache.lock().drain().map(|(k, _)| k).collect();
+        for ino in inos {
+            self.bdi.forget_inode(ino);
+        }
+    }
+}

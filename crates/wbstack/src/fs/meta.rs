@@ -1,0 +1,860 @@
+//! The filesystem's durable metadata model: every inode, directory entry and extent, the
+//! orphan list and the allocator, changed only by [`Meta::apply`] of journal records.
+//!
+//! The same `apply` runs live (an operation logs a record and applies it at once) and at
+//! mount (replaying the journal after the checkpoint), so the state recovery rebuilds is
+//! the state the running filesystem had, by construction. The one difference between the
+//! two is the allocator's side of a record: live, `MapExtent`'s blocks were already
+//! allocated at writeback and frees are deferred until the transaction commits; on replay
+//! the blocks are taken from (and given back to) the free map directly.
+//!
+//! Nothing here does IO. Every inconsistency comes back as a [`MetaError`] in plain
+//! words, never a panic: the same code checks images for `fsck`.
+
+use super::alloc::{AllocError, Allocator, FreeSpace};
+use super::format::{FormatError, InodeKind, Reader, Record, Writer, BLOCK_SIZE};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+pub const ROOT_INO: u64 = 1;
+/// Directory-entry names are at most this long (NAME_MAX).
+pub const NAME_MAX: usize = 255;
+/// A symlink target is at most one block (PATH_MAX-like).
+pub const TARGET_MAX: usize = BLOCK_SIZE;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct MetaError(pub String);
+
+impl From<AllocError> for MetaError {
+    fn from(e: AllocError) -> Self {
+        MetaError(e.to_string())
+    }
+}
+
+impl From<FormatError> for MetaError {
+    fn from(e: FormatError) -> Self {
+        MetaError(e.to_string())
+    }
+}
+
+fn bad<T>(m: String) -> Result<T, MetaError> {
+    Err(MetaError(m))
+}
+
+/// One inode as it is on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inode {
+    pub kind: InodeKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Directory entries naming it (for a directory: 1, the entry in its parent).
+    pub links: u32,
+    /// On-disk size: bytes of the file whose data is known written.
+    pub size: u64,
+    pub atime_ns: u64,
+    pub mtime_ns: u64,
+    pub ctime_ns: u64,
+    /// file block -> (device block, length), non-overlapping; adjacent runs merged.
+    pub extents: BTreeMap<u64, (u64, u64)>,
+    /// Directories: name -> inode.
+    pub entries: BTreeMap<Vec<u8>, u64>,
+    /// Symlinks: the target.
+    pub target: Vec<u8>,
+    /// Directories: the directory holding its entry (the root is its own parent).
+    pub parent: u64,
+}
+
+impl Inode {
+    fn new(kind: InodeKind, mode: u32, uid: u32, gid: u32, t: u64) -> Inode {
+        Inode {
+            kind,
+            mode,
+            uid,
+            gid,
+            links: 0,
+            size: 0,
+            atime_ns: t,
+            mtime_ns: t,
+            ctime_ns: t,
+            extents: BTreeMap::new(),
+            entries: BTreeMap::new(),
+            target: Vec::new(),
+            parent: 0,
+        }
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.kind == InodeKind::Dir
+    }
+
+    /// Blocks mapped (allocated and journaled).
+    pub fn blocks(&self) -> u64 {
+        self.extents.values().map(|e| e.1).sum()
+    }
+
+    /// The device block holding file block `fb`, if mapped.
+    pub fn lookup_block(&self, fb: u64) -> Option<u64> {
+        let (&f, &(s, l)) = self.extents.range(..=fb).next_back()?;
+        (fb - f < l).then(|| s + (fb - f))
+    }
+
+    /// The mapped run containing file block `fb`: (device block of fb, blocks left in it).
+    pub fn mapped_run(&self, fb: u64) -> Option<(u64, u64)> {
+        let (&f, &(s, l)) = self.extents.range(..=fb).next_back()?;
+        (fb - f < l).then(|| (s + (fb - f), l - (fb - f)))
+    }
+
+    /// The first mapped file block at or after `fb`.
+    pub fn next_mapped(&self, fb: u64) -> Option<u64> {
+        if self.lookup_block(fb).is_some() {
+            return Some(fb);
+        }
+        self.extents.range(fb..).next().map(|(&f, _)| f)
+    }
+
+    /// What `stat` reports as nlink: a directory counts its own `.` and every
+    /// subdirectory's `..`.
+    pub fn nlink(&self, meta: &Meta) -> u32 {
+        if self.is_dir() {
+            let subdirs = self
+                .entries
+                .values()
+                .filter(|i| meta.inodes.get(i).is_some_and(|c| c.is_dir()))
+                .count() as u32;
+            self.links + 1 + subdirs
+        } else {
+            self.links
+        }
+    }
+}
+
+/// Whose allocator side a record takes (see the module comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyMode {
+    /// Journal replay or fsck: allocations and frees act on the free map at once.
+    Replay,
+    /// A running filesystem logging into transaction `tid`: `MapExtent` blocks were
+    /// allocated already; frees wait until `tid` commits.
+    Live { tid: u64 },
+}
+
+/// The whole durable metadata.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    pub inodes: HashMap<u64, Inode>,
+    pub next_ino: u64,
+    pub orphans: BTreeSet<u64>,
+    pub alloc: Allocator,
+    /// Encoded size of the checkpoint image less its free extents, kept up to date so an
+    /// operation that would make it outgrow its slot is refused up front instead of
+    /// jamming the journal.
+    image_bytes: u64,
+}
+
+// ino, kind, mode/uid/gid/links, size and three times, then the extent count, entry
+// count and target length prefixes.
+const INODE_FIXED_BYTES: u64 = 8 + 1 + 4 * 4 + 8 * 4 + 4 + 4 + 4;
+const FREE_EXTENT_BYTES: u64 = 16;
+const EXTENT_BYTES: u64 = 24;
+const ENTRY_FIXED_BYTES: u64 = 4 + 8;
+
+impl Meta {
+    /// A fresh filesystem: the root directory and every data block free.
+    pub fn mkfs(data_start: u64, nr_blocks: u64, now_ns: u64) -> Meta {
+        let mut root = Inode::new(InodeKind::Dir, 0o755, 0, 0, now_ns);
+        root.links = 1;
+        root.parent = ROOT_INO;
+        let mut m = Meta {
+            inodes: HashMap::new(),
+            next_ino: ROOT_INO + 1,
+            orphans: BTreeSet::new(),
+            alloc: Allocator::new(FreeSpace::new(data_start, nr_blocks)),
+            image_bytes: 0,
+        };
+        m.inodes.insert(ROOT_INO, root);
+        m.image_bytes = m.encode_image().len() as u64 - m.free_bytes();
+        m
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.alloc.space().nr_extents() as u64 * FREE_EXTENT_BYTES
+    }
+
+    /// The size of the checkpoint image this state encodes to (exact but for the count
+    /// of free extents, which the allocator's map approximates).
+    pub fn image_bytes(&self) -> u64 {
+        self.image_bytes + self.free_bytes()
+    }
+
+    pub fn get(&self, ino: u64) -> Result<&Inode, MetaError> {
+        self.inodes
+            .get(&ino)
+            .ok_or_else(|| MetaError(format!("inode {ino} does not exist")))
+    }
+
+    fn get_mut(&mut self, ino: u64) -> Result<&mut Inode, MetaError> {
+        self.inodes
+            .get_mut(&ino)
+            .ok_or_else(|| MetaError(format!("inode {ino} does not exist")))
+    }
+
+    /// Apply one record. On error nothing of the record is applied.
+    pub fn apply(&mut self, rec: &Record, mode: ApplyMode) -> Result<(), MetaError> {
+        match rec {
+            Record::Create {
+                ino,
+                kind,
+                mode: m,
+                uid,
+                gid,
+                time_ns,
+            } => {
+                if *ino <= ROOT_INO || self.inodes.contains_key(ino) {
+                    return bad(format!(
+                        "create of inode {ino}, which exists or is reserved"
+                    ));
+                }
+                self.inodes
+                    .insert(*ino, Inode::new(*kind, *m, *uid, *gid, *time_ns));
+                self.next_ino = self.next_ino.max(ino + 1);
+                self.image_bytes += INODE_FIXED_BYTES;
+            }
+            Record::Link { parent, name, ino } => {
+                let child_is_dir = self.get(*ino)?.is_dir();
+                let p = self.get(*parent)?;
+                if !p.is_dir() {
+                    return bad(format!(
+                        "link into inode {parent}, which is not a directory"
+                    ));
+                }
+                if p.entries.contains_key(name) {
+                    return bad(format!(
+                        "link of {:?} into directory {parent}: the name exists",
+                        String::from_utf8_lossy(name)
+                    ));
+                }
+                if child_is_dir && self.get(*ino)?.links > 0 {
+                    return bad(format!("second link to directory {ino}"));
+                }
+                self.get_mut(*parent)?.entries.insert(name.clone(), *ino);
+                let c = self.get_mut(*ino)?;
+                c.links += 1;
+                if child_is_dir {
+                    c.parent = *parent;
+                }
+                self.image_bytes += ENTRY_FIXED_BYTES + name.len() as u64;
+            }
+            Record::Unlink { parent, name, ino } => {
+                let p = self.get(*parent)?;
+                if p.entries.get(name) != Some(ino) {
+                    return bad(format!(
+                        "unlink of {:?} from directory {parent}: it does not name inode {ino}",
+                        String::from_utf8_lossy(name)
+                    ));
+                }
+                if self.get(*ino)?.links == 0 {
+                    return bad(format!("unlink of inode {ino} with no links"));
+                }
+                self.get_mut(*parent)?.entries.remove(name);
+                let c = self.get_mut(*ino)?;
+                c.links -= 1;
+                if c.is_dir() {
+                    c.parent = 0;
+                }
+                self.image_bytes -= ENTRY_FIXED_BYTES + name.len() as u64;
+            }
+            Record::SetSize { ino, size } => {
+                self.get_mut(*ino)?.size = *size;
+            }
+            Record::Truncate { ino, size } => {
+                let i = self.get(*ino)?;
+                if i.kind != InodeKind::File {
+                    return bad(format!("truncate of inode {ino}, not a regular file"));
+                }
+                let keep = size.div_ceil(BLOCK_SIZE as u64);
+                let mut freed = Vec::new();
+                let mut kept_tail = None;
+                for (&f, &(s, l)) in i.extents.range(..) {
+                    if f + l <= keep {
+                        continue;
+                    }
+                    if f < keep {
+                        let k = keep - f;
+                        kept_tail = Some((f, (s, k)));
+                        freed.push((f, s + k, l - k));
+                    } else {
+                        freed.push((f, s, l));
+                    }
+                }
+                self.free_blocks(freed.iter().map(|&(_, s, l)| (s, l)), mode)?;
+                let i = self.get_mut(*ino)?;
+                for (f, _, _) in &freed {
+                    i.extents.remove(f);
+                }
+                if let Some((f, e)) = kept_tail {
+                    i.extents.insert(f, e);
+                }
+                i.size = *size;
+                let removed = freed.len() as u64 - u64::from(kept_tail.is_some());
+                self.image_bytes -= removed * EXTENT_BYTES;
+            }
+            Record::SetAttr {
+                ino,
+                mode: m,
+                uid,
+                gid,
+                atime_ns,
+                mtime_ns,
+                ctime_ns,
+            } => {
+                let i = self.get_mut(*ino)?;
+                i.mode = *m;
+                i.uid = *uid;
+                i.gid = *gid;
+                i.atime_ns = *atime_ns;
+                i.mtime_ns = *mtime_ns;
+                i.ctime_ns = *ctime_ns;
+            }
+            Record::MapExtent {
+                ino,
+                file_block,
+                start,
+                len,
+            } => {
+                let (ino, fb, start, len) = (*ino, *file_block, *start, *len);
+                let i = self.get(ino)?;
+                if i.kind != InodeKind::File {
+                    return bad(format!(
+                        "extent mapped into inode {ino}, not a regular file"
+                    ));
+                }
+                if len == 0 || fb.checked_add(len).is_none() {
+                    return bad(format!("extent of {len} blocks at file block {fb}"));
+                }
+                if i.next_mapped(fb).is_some_and(|n| n < fb + len) {
+                    return bad(format!(
+                        "extent {fb}+{len} of inode {ino} overlaps one already mapped"
+                    ));
+                }
+                if mode == ApplyMode::Replay {
+                    self.alloc.alloc_exact(start, len)?;
+                }
+                let i = self.get_mut(ino)?;
+                let mut f0 = fb;
+                let mut s0 = start;
+                let mut l0 = len;
+                let mut merged = 0;
+                // Merge with the run ending just before (in the file and on the device).
+                if let Some((&pf, &(ps, pl))) = i.extents.range(..fb).next_back() {
+                    if pf + pl == fb && ps + pl == start {
+                        i.extents.remove(&pf);
+                        f0 = pf;
+                        s0 = ps;
+                        l0 += pl;
+                        merged += 1;
+                    }
+                }
+                if let Some(&(ns, nl)) = i.extents.get(&(fb + len)) {
+                    if ns == start + len {
+                        i.extents.remove(&(fb + len));
+                        l0 += nl;
+                        merged += 1;
+                    }
+                }
+                i.extents.insert(f0, (s0, l0));
+                self.image_bytes = self.image_bytes + EXTENT_BYTES - merged * EXTENT_BYTES;
+            }
+            Record::SetTarget { ino, target } => {
+                let i = self.get_mut(*ino)?;
+                if i.kind != InodeKind::Symlink {
+                    return bad(format!("symlink target set on inode {ino}, not a symlink"));
+                }
+                let old = i.target.len() as u64;
+                i.target = target.clone();
+                self.image_bytes = self.image_bytes + target.len() as u64 - old;
+            }
+            Record::Orphan { ino } => {
+                if self.get(*ino)?.links != 0 {
+                    return bad(format!("orphan inode {ino} still has names"));
+                }
+                self.orphans.insert(*ino);
+                self.image_bytes += 8;
+            }
+            Record::Delete { ino } => {
+                let i = self.get(*ino)?;
+                if *ino == ROOT_INO || i.links != 0 {
+                    return bad(format!("delete of inode {ino}, which still has names"));
+                }
+                if !i.entries.is_empty() {
+                    return bad(format!("delete of directory {ino}, which is not empty"));
+                }
+                let ext: Vec<(u64, u64)> = i.extents.values().copied().collect();
+                let target = i.target.len() as u64;
+                self.free_blocks(ext.iter().copied(), mode)?;
+                self.inodes.remove(ino);
+                if self.orphans.remove(ino) {
+                    self.image_bytes -= 8;
+                }
+                self.image_bytes -= INODE_FIXED_BYTES + ext.len() as u64 * EXTENT_BYTES + target;
+            }
+        }
+        Ok(())
+    }
+
+    fn free_blocks(
+        &mut self,
+        runs: impl Iterator<Item = (u64, u64)>,
+        mode: ApplyMode,
+    ) -> Result<(), MetaError> {
+        for (s, l) in runs {
+            match mode {
+                ApplyMode::Replay => self.alloc.free(s, l)?,
+                ApplyMode::Live { tid } => self.alloc.free_deferred(tid, s, l)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Every block some inode maps, sorted: (start, len, owner).
+    pub fn used_extents(&self) -> Vec<(u64, u64, u64)> {
+        let mut v: Vec<(u64, u64, u64)> = self
+            .inodes
+            .iter()
+            .flat_map(|(&ino, i)| i.extents.values().map(move |&(s, l)| (s, l, ino)))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The free extents as the durable state sees them: the complement of every mapped
+    /// extent in the data area. (Blocks allocated for writes still in flight, and blocks
+    /// freed by transactions not yet committed, are free here: after a crash they are.)
+    pub fn durable_free(&self) -> Vec<(u64, u64)> {
+        let first = self.alloc.space().first_data_block();
+        let end = self.alloc.space().nr_blocks();
+        let mut out = Vec::new();
+        let mut at = first;
+        for (s, l, _) in self.used_extents() {
+            if s > at {
+                out.push((at, s - at));
+            }
+            at = at.max(s + l);
+        }
+        if end > at {
+            out.push((at, end - at));
+        }
+        out
+    }
+
+    // ---- checkpoint image ------------------------------------------------------------
+
+    /// The image a checkpoint stores: next_ino, the inodes, the orphans, the free map.
+    pub fn encode_image(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(self.image_bytes as usize + 64));
+        let free = self.durable_free();
+        w.u64(self.next_ino);
+        w.u64(self.inodes.len() as u64);
+        let mut inos: Vec<&u64> = self.inodes.keys().collect();
+        inos.sort_unstable();
+        for ino in inos {
+            let i = &self.inodes[ino];
+            w.u64(*ino)
+                .u8(i.kind as u8)
+                .u32(i.mode)
+                .u32(i.uid)
+                .u32(i.gid)
+                .u32(i.links)
+                .u64(i.size)
+                .u64(i.atime_ns)
+                .u64(i.mtime_ns)
+                .u64(i.ctime_ns);
+            w.u32(i.extents.len() as u32);
+            for (&f, &(s, l)) in &i.extents {
+                w.u64(f).u64(s).u64(l);
+            }
+            w.u32(i.entries.len() as u32);
+            for (name, &c) in &i.entries {
+                w.bytes(name).u64(c);
+            }
+            w.bytes(&i.target);
+        }
+        w.u64(self.orphans.len() as u64);
+        for o in &self.orphans {
+            w.u64(*o);
+        }
+        w.u64(free.len() as u64);
+        for (s, l) in free {
+            w.u64(s).u64(l);
+        }
+        w.0
+    }
+
+    /// Rebuild the metadata from a checkpoint image. Checks what decoding needs (bounds,
+    /// kinds, names, the free map); `check` finds the rest.
+    pub fn decode_image(buf: &[u8], data_start: u64, nr_blocks: u64) -> Result<Meta, MetaError> {
+        let mut r = Reader::new(buf, "checkpoint image");
+        let next_ino = r.u64()?;
+        let n = r.u64()?;
+        // Every inode takes more than 64 bytes: a count beyond that is corruption, and
+        // checking first keeps a forged count from reserving huge memory.
+        if n > buf.len() as u64 / 64 + 1 {
+            return bad(format!(
+                "the image claims {n} inodes in {} bytes",
+                buf.len()
+            ));
+        }
+        let mut inodes = HashMap::with_capacity(n as usize);
+        let mut parents: Vec<(u64, u64)> = Vec::new();
+        for _ in 0..n {
+            let ino = r.u64()?;
+            let kind = match r.u8()? {
+                1 => InodeKind::File,
+                2 => InodeKind::Dir,
+                3 => InodeKind::Symlink,
+                k => return bad(format!("inode {ino} has unknown kind {k}")),
+            };
+            let mut i = Inode::new(kind, r.u32()?, r.u32()?, r.u32()?, 0);
+            i.links = r.u32()?;
+            i.size = r.u64()?;
+            i.atime_ns = r.u64()?;
+            i.mtime_ns = r.u64()?;
+            i.ctime_ns = r.u64()?;
+            let ne = r.u32()?;
+            for _ in 0..ne {
+                let (f, s, l) = (r.u64()?, r.u64()?, r.u64()?);
+                if l == 0 || i.extents.insert(f, (s, l)).is_some() {
+                    return bad(format!("inode {ino} has a bad extent at file block {f}"));
+                }
+            }
+            let nd = r.u32()?;
+            for _ in 0..nd {
+                let name = r.bytes()?.to_vec();
+                if !valid_name(&name) {
+                    return bad(format!("directory {ino} has an invalid entry name"));
+                }
+                let c = r.u64()?;
+                parents.push((c, ino));
+                i.entries.insert(name, c);
+            }
+            i.target = r.bytes()?.to_vec();
+            if inodes.insert(ino, i).is_some() {
+                return bad(format!("inode {ino} appears twice"));
+            }
+        }
+        for (c, p) in parents {
+            if let Some(ci) = inodes.get_mut(&c) {
+                if ci.is_dir() {
+                    ci.parent = p;
+                }
+            }
+        }
+        if let Some(root) = inodes.get_mut(&ROOT_INO) {
+            root.parent = ROOT_INO;
+        }
+        let no = r.u64()?;
+        if no > buf.len() as u64 / 8 {
+            return bad(format!("the image claims {no} orphans"));
+        }
+        let mut orphans = BTreeSet::new();
+        for _ in 0..no {
+            orphans.insert(r.u64()?);
+        }
+        let nf = r.u64()?;
+        if nf > buf.len() as u64 / 16 {
+            return bad(format!("the image claims {nf} free extents"));
+        }
+        let mut free = Vec::with_capacity(nf as usize);
+        for _ in 0..nf {
+            free.push((r.u64()?, r.u64()?));
+        }
+        if r.remaining() != 0 {
+            return bad(format!("{} stray bytes after the image", r.remaining()));
+        }
+        let space = FreeSpace::from_extents(data_start, nr_blocks, free)?;
+        let mut m = Meta {
+            inodes,
+            next_ino,
+            orphans,
+            alloc: Allocator::new(space),
+            image_bytes: 0,
+        };
+        m.image_bytes = buf.len() as u64 - nf * FREE_EXTENT_BYTES;
+        Ok(m)
+    }
+
+    // ---- invariants (fsck) -----------------------------------------------------------
+
+    /// Every invariant of the durable state, as a list of problems in plain words
+    /// (empty when the filesystem is consistent). Orphans are not problems: mount
+    /// deletes them.
+    pub fn check(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        let first = self.alloc.space().first_data_block();
+        let end = self.alloc.space().nr_blocks();
+        match self.inodes.get(&ROOT_INO) {
+            Some(r) if r.is_dir() => {}
+            Some(_) => p.push("the root inode is not a directory".to_string()),
+            None => p.push("the root directory is missing".to_string()),
+        }
+        if let Some(max) = self.inodes.keys().max() {
+            if *max >= self.next_ino {
+                p.push(format!(
+                    "inode {max} exists but the next free inode number is {}",
+                    self.next_ino
+                ));
+            }
+        }
+        // Extents: in bounds, inside the file, owned once.
+        let mut used = self.used_extents();
+        for &(s, l, ino) in &used {
+            if s < first || s.checked_add(l).is_none_or(|e| e > end) {
+                p.push(format!(
+                    "inode {ino}: extent at block {s} of {l} blocks lies outside the data area {first}..{end}"
+                ));
+            }
+        }
+        for (ino, i) in &self.inodes {
+            if i.kind != InodeKind::File && !i.extents.is_empty() {
+                p.push(format!("inode {ino}: a {:?} with data extents", i.kind));
+            }
+            let limit = i.size.div_ceil(BLOCK_SIZE as u64);
+            if let Some((&f, &(_, l))) = i.extents.iter().next_back() {
+                if f + l > limit {
+                    p.push(format!(
+                        "inode {ino}: file blocks up to {} are mapped but the size is {} bytes",
+                        f + l,
+                        i.size
+                    ));
+                }
+            }
+        }
+        used.sort_unstable();
+        for w in used.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if a.0 + a.1 > b.0 {
+                p.push(format!(
+                    "blocks {}..{} belong to both inode {} and inode {}",
+                    b.0,
+                    (a.0 + a.1).min(b.0 + b.1),
+                    a.2,
+                    b.2
+                ));
+            }
+        }
+        // Free space is exactly the complement of what is used.
+        let mut free_blocks = 0u64;
+        for (s, l) in self.alloc.space().extents() {
+            free_blocks += l;
+            let lo = used.partition_point(|u| u.0 + u.1 <= s);
+            if let Some(u) = used.get(lo) {
+                if u.0 < s + l {
+                    p.push(format!(
+                        "blocks {}..{} are marked free but belong to inode {}",
+                        u.0.max(s),
+                        (u.0 + u.1).min(s + l),
+                        u.2
+                    ));
+                }
+            }
+        }
+        let used_blocks: u64 = used.iter().map(|u| u.1).sum();
+        let total = end.saturating_sub(first);
+        if free_blocks + used_blocks < total {
+            p.push(format!(
+                "{} blocks are neither free nor used by any inode (leaked)",
+                total - free_blocks - used_blocks
+            ));
+        }
+        // Link counts and the directory tree.
+        let mut refs: HashMap<u64, u32> = HashMap::new();
+        for (ino, i) in &self.inodes {
+            if !i.entries.is_empty() && !i.is_dir() {
+                p.push(format!(
+                    "inode {ino} has directory entries but is not a directory"
+                ));
+            }
+            for (name, c) in &i.entries {
+                let n = String::from_utf8_lossy(name);
+                match self.inodes.get(c) {
+                    None => p.push(format!(
+                        "directory {ino}: entry {n:?} points at inode {c}, which does not exist"
+                    )),
+                    Some(ci) if ci.is_dir() && ci.parent != *ino => p.push(format!(
+                        "directory {c} is named {n:?} in {ino} but its parent is {}",
+                        ci.parent
+                    )),
+                    Some(_) => *refs.entry(*c).or_default() += 1,
+                }
+            }
+            if i.kind == InodeKind::Symlink && i.target.is_empty() {
+                p.push(format!("symlink {ino} has no target"));
+            }
+        }
+        for (ino, i) in &self.inodes {
+            let want = if *ino == ROOT_INO {
+                1
+            } else {
+                refs.get(ino).copied().unwrap_or(0)
+            };
+            if i.links != want {
+                p.push(format!(
+                    "inode {ino}: link count {} but {want} directory entries name it",
+                    i.links
+                ));
+            }
+            if i.is_dir() && *ino != ROOT_INO && want > 1 {
+                p.push(format!("directory {ino} has {want} names"));
+            }
+            if *ino != ROOT_INO && want == 0 && !self.orphans.contains(ino) {
+                p.push(format!(
+                    "inode {ino} has no name and is not on the orphan list (lost)"
+                ));
+            }
+        }
+        for o in &self.orphans {
+            match self.inodes.get(o) {
+                None => p.push(format!("orphan {o} does not exist")),
+                Some(i) if i.links != 0 => p.push(format!("orphan {o} still has names")),
+                _ => {}
+            }
+        }
+        // Every directory reachable from the root, once (no cycles, no detached trees).
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![ROOT_INO];
+        while let Some(d) = stack.pop() {
+            if !seen.insert(d) {
+                p.push(format!("directory {d} is reached twice (a cycle)"));
+                continue;
+            }
+            if let Some(i) = self.inodes.get(&d) {
+                stack.extend(
+                    i.entries
+                        .values()
+                        .filter(|c| self.inodes.get(c).is_some_and(|ci| ci.is_dir())),
+                );
+            }
+        }
+        for (ino, i) in &self.inodes {
+            if i.is_dir() && !seen.contains(ino) && i.links > 0 {
+                p.push(format!("directory {ino} is not reachable from the root"));
+            }
+        }
+        p
+    }
+}
+
+/// A valid directory-entry name: 1..=255 bytes, no '/', no NUL, not "." or "..".
+pub fn valid_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() <= NAME_MAX
+        && !name.contains(&b'/')
+        && !name.contains(&0)
+        && name != b"."
+        && name != b".."
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live(m: &mut Meta, r: Record) {
+        m.apply(&r, ApplyMode::Live { tid: 1 }).unwrap();
+    }
+
+    #[test]
+    fn image_round_trip_and_checks() {
+        let mut m = Meta::mkfs(100, 10_000, 7);
+        live(
+            &mut m,
+            Record::Create {
+                ino: 2,
+                kind: InodeKind::File,
+                mode: 0o644,
+                uid: 1,
+                gid: 2,
+                time_ns: 9,
+            },
+        );
+        live(
+            &mut m,
+            Record::Link {
+                parent: ROOT_INO,
+                name: b"a".to_vec(),
+                ino: 2,
+            },
+        );
+        m.alloc.alloc_exact(100, 4).unwrap();
+        live(
+            &mut m,
+            Record::MapExtent {
+                ino: 2,
+                file_block: 0,
+                start: 100,
+                len: 2,
+            },
+        );
+        live(
+            &mut m,
+            Record::MapExtent {
+                ino: 2,
+                file_block: 2,
+                start: 102,
+                len: 2,
+            },
+        );
+        live(
+            &mut m,
+            Record::SetSize {
+                ino: 2,
+                size: 4 * 4096,
+            },
+        );
+        assert_eq!(m.get(2).unwrap().extents.len(), 1, "adjacent runs merge");
+        let img = m.encode_image();
+        assert_eq!(img.len() as u64, m.image_bytes(), "size estimate is exact");
+        let back = Meta::decode_image(&img, 100, 10_000).unwrap();
+        assert_eq!(back.inodes, m.inodes);
+        assert!(back.check().is_empty(), "{:?}", back.check());
+        // A truncate frees blocks only when its transaction commits.
+        live(&mut m, Record::Truncate { ino: 2, size: 5000 });
+        assert_eq!(m.get(2).unwrap().blocks(), 2);
+        assert_eq!(m.alloc.deferred_blocks(), 2);
+    }
+
+    #[test]
+    fn check_finds_double_ownership_and_bad_links() {
+        let mut m = Meta::mkfs(10, 1000, 0);
+        for ino in [2, 3] {
+            m.apply(
+                &Record::Create {
+                    ino,
+                    kind: InodeKind::File,
+                    mode: 0,
+                    uid: 0,
+                    gid: 0,
+                    time_ns: 0,
+                },
+                ApplyMode::Replay,
+            )
+            .unwrap();
+            m.apply(
+                &Record::Link {
+                    parent: ROOT_INO,
+                    name: vec![b'a' + ino as u8],
+                    ino,
+                },
+                ApplyMode::Replay,
+            )
+            .unwrap();
+            m.get_mut(ino).unwrap().size = 8192;
+        }
+        m.get_mut(2).unwrap().extents.insert(0, (20, 2));
+        m.get_mut(3).unwrap().extents.insert(0, (21, 2));
+        m.get_mut(3).unwrap().links = 2;
+        let p = m.check().join("\n");
+        assert!(p.contains("belong to both inode 2 and inode 3"), "{p}");
+        assert!(p.contains("marked free but belong"), "{p}");
+        assert!(p.contains("link count 2 but 1"), "{p}");
+    }
+}

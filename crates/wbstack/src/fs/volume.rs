@@ -1,0 +1,1468 @@
+//! The mounted filesystem: `Volume` (namespace operations, statfs, sync, unmount) and
+//! `File` handles, on top of the page cache (data), the writeback engine (one `Bdi` per
+//! volume) and the journal (metadata).
+//!
+//! Concurrency: all metadata lives in one `State` under one mutex, held only for
+//! in-memory work, never across IO (a device may complete inline, and completions take
+//! the same mutex). Lock order: `st` → `icache` → a mapping's own lock → the journal's
+//! `jn`; nothing takes them in the other direction.
+//!
+//! Delayed allocation, as ext4 does it: `write()` reserves one block per page that has
+//! no block yet (`prepare_write`), writeback allocates them (`map_write`) where the
+//! previous allocation ended (so consecutive inodes of one pass get adjacent extents),
+//! and only when the data write completed (`end_write`) is the extent logged (ordered
+//! data). Blocks allocated for a write still in flight are "pending": if the file is
+//! truncated or deleted meanwhile they are freed when the write ends, never before
+//! (a late write must not land in a block someone else owns).
+
+use super::error::{FsError, FsResult};
+use super::format::{InodeKind, Record, Superblock, BLOCK_SIZE};
+use super::meta::{valid_name, ApplyMode, Inode, Meta, NAME_MAX, ROOT_INO, TARGET_MAX};
+use crate::block::{BlkError, BlkResult, RequestQueue};
+use crate::clock::ClockRef;
+use crate::mm::{AddressSpaceOps, CacheConfig, Mapping, PageCache};
+use crate::writeback::{Bdi, WbConfig};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+const PAGE: u64 = BLOCK_SIZE as u64;
+const SECTORS_PER_BLOCK: u64 = PAGE / 512;
+/// Symlinks followed while resolving one path (the kernel's MAXSYMLINKS).
+const MAX_SYMLINKS: u32 = 40;
+
+/// Options of `mount` (the kernel's mount options and sysctls that apply to a volume).
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    pub cache: CacheConfig,
+    pub wb: WbConfig,
+    /// Journal commit interval (jbd2's `commit=`): metadata changes reach the disk at
+    /// most this long after they were made, fsync or not.
+    pub commit_interval_ms: u64,
+    /// Bounds of the window a sync commit waits for other fsyncs to join it (ext4's
+    /// min_batch_time / max_batch_time, in µs).
+    pub min_batch_us: u64,
+    pub max_batch_us: u64,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            cache: CacheConfig::default(),
+            wb: WbConfig::default(),
+            commit_interval_ms: 5000,
+            min_batch_us: 0,
+            max_batch_us: 15_000,
+        }
+    }
+}
+
+/// What `stat` reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub ino: u64,
+    pub kind: InodeKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    /// 512-byte units allocated or reserved (st_blocks).
+    pub blocks: u64,
+    pub atime_ns: u64,
+    pub mtime_ns: u64,
+    pub ctime_ns: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub ino: u64,
+    pub kind: InodeKind,
+}
+
+/// statfs: sizes in blocks of `block_size` bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u64,
+    pub blocks: u64,
+    pub free: u64,
+    /// Free and not reserved by delayed-allocation writes.
+    pub available: u64,
+    pub files: u64,
+}
+
+/// Attributes `set_attr` may change (None = leave as is).
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime_ns: Option<u64>,
+    pub mtime_ns: Option<u64>,
+}
+
+/// How to open a file (the flags of open(2) that matter here).
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub read: bool,
+    pub write: bool,
+    pub create: bool,
+    pub truncate: bool,
+    pub exclusive: bool,
+    pub append: bool,
+    pub mode: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read: true,
+            write: false,
+            create: false,
+            truncate: false,
+            exclusive: false,
+            append: false,
+            mode: 0o644,
+        }
+    }
+}
+
+impl OpenOptions {
+    pub fn read() -> Self {
+        Self::default()
+    }
+    /// O_RDWR|O_CREAT|O_TRUNC, what `creat` and most writers use.
+    pub fn create() -> Self {
+        OpenOptions {
+            write: true,
+            create: true,
+            truncate: true,
+            ..Self::default()
+        }
+    }
+    pub fn read_write() -> Self {
+        OpenOptions {
+            write: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// Counters of the journal, for tools and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct JournalStats {
+    /// Transactions written to the journal.
+    pub commits: u64,
+    /// Checkpoints written (each also commits the running transaction).
+    pub checkpoints: u64,
+    /// Cache flushes issued without a commit (fsync of data whose metadata was durable).
+    pub flushes: u64,
+    /// Bytes written to the journal and checkpoint areas.
+    pub bytes: u64,
+    /// The transaction every change up to which is durable.
+    pub committed_tid: u64,
+    /// Commits requested by fsync (each waiter counts once).
+    pub sync_waits: u64,
+}
+
+/// Per-inode state that is not on disk: reservations, writes in flight, opens, and
+/// which transaction last changed the inode (what fsync must wait for).
+#[derive(Default)]
+pub(super) struct Live {
+    /// Pages reserved by write() and not allocated yet.
+    pub delalloc: BTreeSet<u64>,
+    /// file block -> (device block, len): allocated at writeback, write in flight.
+    pub pending: BTreeMap<u64, (u64, u64)>,
+    pub open: u32,
+    /// Last transaction changing anything of the inode (fsync waits for it).
+    pub sync_tid: u64,
+    /// Last transaction changing more than timestamps (fdatasync waits for it).
+    pub datasync_tid: u64,
+    /// The barrier generation current when data of this inode last finished writing:
+    /// fsync needs a cache flush started after it.
+    pub data_gen: Option<u64>,
+}
+
+/// Blocks allocated for a data write in flight, by their first device block.
+pub(super) struct Inflight {
+    pub ino: u64,
+    pub fblock: u64,
+    pub len: u64,
+    /// File blocks from here on were truncated away (or the inode deleted) while the
+    /// write was in flight: free them when it ends instead of mapping them.
+    pub dead_from: Option<u64>,
+}
+
+pub(super) struct State {
+    pub meta: Meta,
+    pub running_tid: u64,
+    /// The running transaction's records, applied already.
+    pub txn: Vec<Record>,
+    /// Inodes whose attributes or size changed in the running transaction: restated as
+    /// SetAttr/SetSize records when it commits (one each, however many writes).
+    pub txn_inodes: BTreeSet<u64>,
+    pub txn_first_ns: Option<u64>,
+    pub live: HashMap<u64, Live>,
+    pub inflight: HashMap<u64, Inflight>,
+    /// Set when the journal failed: no more changes.
+    pub aborted: Option<String>,
+}
+
+impl State {
+    fn check_writable(&self) -> FsResult<()> {
+        match &self.aborted {
+            Some(why) => Err(FsError::ReadOnly(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Log a record into the running transaction, applying it now. `touched` inodes
+    /// must wait for this transaction in fsync (and fdatasync, unless `time_only`).
+    pub fn log(&mut self, rec: Record, touched: &[u64], now_ns: u64) -> FsResult<()> {
+        self.check_writable()?;
+        let tid = self.running_tid;
+        self.meta.apply(&rec, ApplyMode::Live { tid })?;
+        // Consecutive extents of one inode merge into one record: a streaming writer
+        // logs one record per commit, not one per bio.
+        if let (
+            Record::MapExtent {
+                ino,
+                file_block,
+                start,
+                len,
+            },
+            Some(Record::MapExtent {
+                ino: pi,
+                file_block: pf,
+                start: ps,
+                len: pl,
+            }),
+        ) = (&rec, self.txn.last_mut())
+        {
+            if *pi == *ino && *pf + *pl == *file_block && *ps + *pl == *start {
+                *pl += len;
+                self.touch(touched, false, now_ns);
+                return Ok(());
+            }
+        }
+        self.txn.push(rec);
+        self.touch(touched, false, now_ns);
+        Ok(())
+    }
+
+    /// Mark inodes changed in the running transaction.
+    pub fn touch(&mut self, inos: &[u64], time_only: bool, now_ns: u64) {
+        let tid = self.running_tid;
+        for &ino in inos {
+            let l = self.live.entry(ino).or_default();
+            l.sync_tid = tid;
+            if !time_only {
+                l.datasync_tid = tid;
+            }
+        }
+        self.txn_first_ns.get_or_insert(now_ns);
+    }
+
+    /// Set mtime and ctime to now (a directory's after an entry changed, a file's
+    /// after a write); journaled when the transaction commits.
+    fn stamp(&mut self, ino: u64, now_ns: u64, mtime: bool) {
+        if let Some(i) = self.meta.inodes.get_mut(&ino) {
+            if mtime {
+                i.mtime_ns = now_ns;
+            }
+            i.ctime_ns = now_ns;
+            self.txn_inodes.insert(ino);
+            self.touch(&[ino], true, now_ns);
+        }
+    }
+
+    /// Records restating the current attributes and size of every inode changed in the
+    /// running transaction (what the commit appends).
+    pub fn restate(&mut self) {
+        for ino in std::mem::take(&mut self.txn_inodes) {
+            if let Some(i) = self.meta.inodes.get(&ino) {
+                self.txn.push(Record::SetAttr {
+                    ino,
+                    mode: i.mode,
+                    uid: i.uid,
+                    gid: i.gid,
+                    atime_ns: i.atime_ns,
+                    mtime_ns: i.mtime_ns,
+                    ctime_ns: i.ctime_ns,
+                });
+                if i.kind == InodeKind::File {
+                    self.txn.push(Record::SetSize { ino, size: i.size });
+                }
+            }
+        }
+    }
+
+    fn inode(&self, ino: u64) -> FsResult<&Inode> {
+        self.meta
+            .inodes
+            .get(&ino)
+            .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))
+    }
+
+    /// Look `name` up in directory `dir`.
+    fn lookup(&self, dir: u64, name: &[u8]) -> FsResult<u64> {
+        let d = self.inode(dir)?;
+        if !d.is_dir() {
+            return Err(FsError::NotDir(format!("inode {dir}")));
+        }
+        match name {
+            b"." => Ok(dir),
+            b".." => Ok(d.parent.max(ROOT_INO)),
+            _ => d
+                .entries
+                .get(name)
+                .copied()
+                .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned())),
+        }
+    }
+
+    /// Forget what the inode had reserved or in flight (it is being deleted or
+    /// truncated to `keep` blocks): reservations are released now, blocks in flight
+    /// when their write ends.
+    fn drop_live_blocks(&mut self, ino: u64, keep: u64) {
+        let Some(l) = self.live.get_mut(&ino) else {
+            return;
+        };
+        let gone: Vec<u64> = l.delalloc.range(keep..).copied().collect();
+        for p in &gone {
+            l.delalloc.remove(p);
+        }
+        let mut dead = Vec::new();
+        let pend: Vec<(u64, (u64, u64))> = l.pending.iter().map(|(&f, &e)| (f, e)).collect();
+        for (f, (s, len)) in pend {
+            if f + len <= keep {
+                continue;
+            }
+            if f >= keep {
+                l.pending.remove(&f);
+            } else {
+                l.pending.insert(f, (s, keep - f));
+            }
+            dead.push((s, f.max(keep)));
+        }
+        let _ = self.meta.alloc.unreserve(gone.len() as u64);
+        for (s, from) in dead {
+            if let Some(inf) = self.inflight.get_mut(&s) {
+                inf.dead_from = Some(inf.dead_from.map_or(from, |d| d.min(from)));
+            }
+        }
+    }
+}
+
+/// Journal state, under its own lock (waiters sleep on `jcv`).
+#[derive(Default)]
+pub(super) struct JState {
+    pub committed: u64,
+    /// Highest transaction someone waits for.
+    pub want_tid: u64,
+    /// Cache-flush generations: started and completed (every commit is one too).
+    pub barrier_started: u64,
+    pub barrier_done: u64,
+    pub barrier_want: u64,
+    /// Next free journal block (relative to the journal's start).
+    pub head: u64,
+    pub ckpt_seq: u64,
+    /// Slot holding the newest checkpoint.
+    pub ckpt_slot: usize,
+    pub force_checkpoint: bool,
+    pub last_commit_ns: u64,
+    pub avg_commit_ns: u64,
+    /// The last thread that asked for a sync commit, and whether the one before was
+    /// another (jbd2 batches only when several processes sync).
+    pub last_sync_thread: Option<std::thread::ThreadId>,
+    pub multi_sync: bool,
+    pub error: Option<String>,
+    pub stop: bool,
+    pub stats: JournalStats,
+}
+
+/// The volume, shared by `Volume`, every `File` and the threads.
+pub(super) struct Vol {
+    pub q: Arc<RequestQueue>,
+    pub cache: Arc<PageCache>,
+    pub bdi: Arc<Bdi>,
+    pub sb: Superblock,
+    pub clock: ClockRef,
+    pub opts: MountOptions,
+    pub st: Mutex<State>,
+    pub icache: Mutex<HashMap<u64, Arc<Mapping>>>,
+    pub jn: Mutex<JState>,
+    pub jcv: Condvar,
+    pub jwaiter: Arc<crate::clock::Waiter>,
+    pub aops: Arc<Aops>,
+    pub committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub unmounted: AtomicBool,
+    /// Mirror of `jn.barrier_started`, read by completions without the journal lock.
+    pub barrier_started: AtomicU64,
+}
+
+/// The filesystem's side of the page cache (`AddressSpaceOps`).
+pub(super) struct Aops {
+    pub vol: Mutex<Weak<Vol>>,
+}
+
+impl Aops {
+    fn vol(&self) -> Result<Arc<Vol>, BlkError> {
+        self.vol.lock().upgrade().ok_or(BlkError::Io)
+    }
+}
+
+impl AddressSpaceOps for Aops {
+    fn prepare_write(&self, ino: u64, index: u64, n: u64) -> BlkResult {
+        let vol = self.vol()?;
+        let now = vol.clock.now_ns();
+        let mut st = vol.st.lock();
+        if st.aborted.is_some() {
+            return Err(BlkError::Io);
+        }
+        let Some(i) = st.meta.inodes.get(&ino) else {
+            return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
+        };
+        let mut need = Vec::new();
+        let live = st.live.get(&ino);
+        for p in index..index + n {
+            let has_block = i.lookup_block(p).is_some()
+                || live.is_some_and(|l| {
+                    l.delalloc.contains(&p)
+                        || l.pending
+                            .range(..=p)
+                            .next_back()
+                            .is_some_and(|(&f, &(_, len))| p < f + len)
+                });
+            if !has_block {
+                need.push(p);
+            }
+        }
+        if !need.is_empty() {
+            st.meta
+                .alloc
+                .reserve(need.len() as u64)
+                .map_err(|_| BlkError::NoSpace)?;
+            st.live.entry(ino).or_default().delalloc.extend(need);
+        }
+        st.stamp(ino, now, true);
+        Ok(())
+    }
+
+    fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError> {
+        let vol = self.vol()?;
+        let mut st = vol.st.lock();
+        let st = &mut *st;
+        let Some(i) = st.meta.inodes.get(&ino) else {
+            return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
+        };
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let live = st.live.entry(ino).or_default();
+        let mut p = index;
+        let end = index + n;
+        while p < end {
+            if let Some((blk, left)) = i.mapped_run(p) {
+                let k = left.min(end - p);
+                runs.push((blk * SECTORS_PER_BLOCK, k));
+                p += k;
+                continue;
+            }
+            if let Some((&f, &(s, len))) = live.pending.range(..=p).next_back() {
+                if p < f + len {
+                    // Written again while its first write is in flight cannot happen
+                    // (writepages skips pages under writeback), but stay correct.
+                    let k = (f + len - p).min(end - p);
+                    runs.push(((s + p - f) * SECTORS_PER_BLOCK, k));
+                    p += k;
+                    continue;
+                }
+            }
+            // A stretch of pages without blocks: allocate them together.
+            let mut k = 1;
+            while p + k < end
+                && i.lookup_block(p + k).is_none()
+                && !live.pending.contains_key(&(p + k))
+            {
+                k += 1;
+            }
+            let reserved = live.delalloc.range(p..p + k).count() as u64;
+            if reserved < k {
+                st.meta
+                    .alloc
+                    .reserve(k - reserved)
+                    .map_err(|_| BlkError::NoSpace)?;
+            }
+            for q in p..p + k {
+                live.delalloc.remove(&q);
+            }
+            // Continue the file where its previous block is, else where the last
+            // allocation ended (consecutive inodes of a pass end up adjacent).
+            let goal = p.checked_sub(1).and_then(|prev| {
+                i.lookup_block(prev).or_else(|| {
+                    live.pending
+                        .range(..=prev)
+                        .next_back()
+                        .and_then(|(&f, &(s, len))| (prev < f + len).then(|| s + prev - f))
+                })
+            });
+            let pieces = st
+                .meta
+                .alloc
+                .alloc_reserved(k, goal.map(|b| b + 1))
+                .map_err(|e| BlkError::Invalid(e.to_string()))?;
+            let mut fb = p;
+            for (s, len) in pieces {
+                live.pending.insert(fb, (s, len));
+                st.inflight.insert(
+                    s,
+                    Inflight {
+                        ino,
+                        fblock: fb,
+                        len,
+                        dead_from: None,
+                    },
+                );
+                runs.push((s * SECTORS_PER_BLOCK, len));
+                fb += len;
+            }
+            p += k;
+        }
+        Ok(runs)
+    }
+
+    fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError> {
+        let vol = self.vol()?;
+        let st = vol.st.lock();
+        let Some(i) = st.meta.inodes.get(&ino) else {
+            return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
+        };
+        let live = st.live.get(&ino);
+        let mut runs: Vec<(Option<u64>, u64)> = Vec::new();
+        let end = index + n;
+        let mut p = index;
+        while p < end {
+            let (blk, k) = if let Some((blk, left)) = i.mapped_run(p) {
+                (Some(blk), left.min(end - p))
+            } else if let Some((s, k)) = live.and_then(|l| {
+                l.pending
+                    .range(..=p)
+                    .next_back()
+                    .and_then(|(&f, &(s, len))| (p < f + len).then(|| (s + p - f, f + len - p)))
+            }) {
+                (Some(s), k.min(end - p))
+            } else {
+                // A hole up to the next mapped block.
+                let next = i.next_mapped(p).unwrap_or(end).min(end);
+                (None, (next - p).max(1))
+            };
+            match (runs.last_mut(), blk) {
+                (Some((None, c)), None) => *c += k,
+                _ => runs.push((blk.map(|b| b * SECTORS_PER_BLOCK), k)),
+            }
+            p += k;
+        }
+        Ok(runs)
+    }
+
+    fn end_write(
+        &self,
+        ino: u64,
+        index: u64,
+        n: u64,
+        sector: u64,
+        i_size: u64,
+        status: &BlkResult,
+    ) {
+        let Ok(vol) = self.vol() else { return };
+        if sector == u64::MAX {
+            return; // never submitted: map_write failed and undid nothing
+        }
+        let now = vol.clock.now_ns();
+        let gen = vol.barrier_started.load(Ordering::Acquire);
+        let mut st = vol.st.lock();
+        let blk = sector / SECTORS_PER_BLOCK;
+        if let Some(inf) = st.inflight.remove(&blk) {
+            if let Some(l) = st.live.get_mut(&inf.ino) {
+                if l.pending.get(&inf.fblock).is_some_and(|e| e.0 == blk) {
+                    l.pending.remove(&inf.fblock);
+                }
+            }
+            let limit = i_size.div_ceil(PAGE);
+            let alive = match (status, st.meta.inodes.contains_key(&inf.ino)) {
+                (Ok(()), true) => inf
+                    .dead_from
+                    .unwrap_or(u64::MAX)
+                    .min(limit)
+                    .saturating_sub(inf.fblock)
+                    .min(inf.len),
+                _ => 0,
+            };
+            if alive > 0 {
+                let rec = Record::MapExtent {
+                    ino: inf.ino,
+                    file_block: inf.fblock,
+                    start: blk,
+                    len: alive,
+                };
+                if st.log(rec, &[inf.ino], now).is_err() {
+                    // The journal is gone (aborted): the data is on disk but never
+                    // referenced; nothing more to do.
+                    return;
+                }
+            }
+            if alive < inf.len {
+                // Never referenced by any committed metadata: reusable at once.
+                let _ = st.meta.alloc.free(blk + alive, inf.len - alive);
+            }
+        }
+        if status.is_err() {
+            return;
+        }
+        let written_end = ((index + n) * PAGE).min(i_size);
+        if let Some(i) = st.meta.inodes.get_mut(&ino) {
+            if written_end > i.size {
+                i.size = written_end;
+                st.txn_inodes.insert(ino);
+                st.touch(&[ino], false, now);
+            }
+        }
+        if let Some(l) = st.live.get_mut(&ino) {
+            l.data_gen = Some(gen);
+        }
+    }
+}
+
+/// A mounted filesystem.
+pub struct Volume {
+    pub(super) vol: Arc<Vol>,
+}
+
+/// An open file. Usable from many threads at once (`&self` methods); `close` (or drop)
+/// releases it.
+pub struct File {
+    vol: Arc<Vol>,
+    ino: u64,
+    mapping: Arc<Mapping>,
+    read: bool,
+    write: bool,
+    append: bool,
+    closed: AtomicBool,
+}
+
+/// Split a path into its components (empty ones and "." dropped).
+fn components(path: &str) -> Vec<&[u8]> {
+    path.split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .map(str::as_bytes)
+        .collect()
+}
+
+fn check_name(name: &[u8]) -> FsResult<()> {
+    if name.len() > NAME_MAX {
+        return Err(FsError::NameTooLong(
+            String::from_utf8_lossy(&name[..32]).into_owned() + "...",
+        ));
+    }
+    if !valid_name(name) {
+        return Err(FsError::Invalid(format!(
+            "{:?} is not a valid file name",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
+impl Vol {
+    pub(super) fn now(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// The page-cache mapping of regular file `ino` (created on first use).
+    fn mapping(&self, st: &State, ino: u64) -> FsResult<Arc<Mapping>> {
+        let i = st.inode(ino)?;
+        if i.kind != InodeKind::File {
+            return Err(FsError::IsDir(format!("inode {ino}")));
+        }
+        let mut ic = self.icache.lock();
+        Ok(ic
+            .entry(ino)
+            .or_insert_with(|| {
+                Mapping::new(ino, i.size, self.bdi.clone(), self.aops.clone() as Arc<_>)
+            })
+            .clone())
+    }
+
+    /// Resolve a path to (parent directory, last name) without looking the last name up.
+    fn resolve_parent(&self, st: &State, path: &str) -> FsResult<(u64, Vec<u8>)> {
+        let mut comps = components(path);
+        let Some(last) = comps.pop() else {
+            return Err(FsError::Invalid(format!("{path:?} names the root")));
+        };
+        if last == b".." {
+            return Err(FsError::Invalid(format!("{path:?} ends in \"..\"")));
+        }
+        let mut budget = MAX_SYMLINKS;
+        let dir = self.walk(st, ROOT_INO, &comps, &mut budget, path)?;
+        check_name(last)?;
+        Ok((dir, last.to_vec()))
+    }
+
+    /// Follow `comps` from `start`, following every symlink met (each costs budget).
+    fn walk(
+        &self,
+        st: &State,
+        start: u64,
+        comps: &[&[u8]],
+        budget: &mut u32,
+        path: &str,
+    ) -> FsResult<u64> {
+        let mut cur = start;
+        for c in comps {
+            let next = st.lookup(cur, c).map_err(|e| match e {
+                FsError::NotFound(_) => FsError::NotFound(path.to_string()),
+                FsError::NotDir(_) => FsError::NotDir(path.to_string()),
+                e => e,
+            })?;
+            cur = self.follow(st, cur, next, budget, path)?;
+        }
+        Ok(cur)
+    }
+
+    /// If `ino` (found in `dir`) is a symlink, resolve it.
+    fn follow(
+        &self,
+        st: &State,
+        dir: u64,
+        ino: u64,
+        budget: &mut u32,
+        path: &str,
+    ) -> FsResult<u64> {
+        let i = st.inode(ino)?;
+        if i.kind != InodeKind::Symlink {
+            return Ok(ino);
+        }
+        if *budget == 0 {
+            return Err(FsError::Loop(path.to_string()));
+        }
+        *budget -= 1;
+        let target = String::from_utf8_lossy(&i.target).into_owned();
+        let start = if target.starts_with('/') {
+            ROOT_INO
+        } else {
+            dir
+        };
+        let comps = components(&target);
+        self.walk(st, start, &comps, budget, path)
+    }
+
+    /// Resolve a whole path; `follow_last` follows a symlink in the last component.
+    fn resolve(&self, st: &State, path: &str, follow_last: bool) -> FsResult<u64> {
+        let mut comps = components(path);
+        let Some(last) = comps.pop() else {
+            return Ok(ROOT_INO);
+        };
+        let mut budget = MAX_SYMLINKS;
+        let dir = self.walk(st, ROOT_INO, &comps, &mut budget, path)?;
+        let ino = st.lookup(dir, last).map_err(|e| match e {
+            FsError::NotFound(_) => FsError::NotFound(path.to_string()),
+            e => e,
+        })?;
+        if follow_last {
+            self.follow(st, dir, ino, &mut budget, path)
+        } else {
+            Ok(ino)
+        }
+    }
+
+    fn stat_of(&self, st: &State, ino: u64) -> FsResult<Stat> {
+        let i = st.inode(ino)?;
+        let size = match (i.kind, self.icache.lock().get(&ino)) {
+            (InodeKind::File, Some(m)) => m.size(),
+            (InodeKind::Symlink, _) => i.target.len() as u64,
+            _ => i.size,
+        };
+        let reserved = st.live.get(&ino).map_or(0, |l| {
+            l.delalloc.len() as u64 + l.pending.values().map(|e| e.1).sum::<u64>()
+        });
+        Ok(Stat {
+            ino,
+            kind: i.kind,
+            mode: i.mode,
+            uid: i.uid,
+            gid: i.gid,
+            nlink: i.nlink(&st.meta),
+            size,
+            blocks: (i.blocks() + reserved) * SECTORS_PER_BLOCK,
+            atime_ns: i.atime_ns,
+            mtime_ns: i.mtime_ns,
+            ctime_ns: i.ctime_ns,
+        })
+    }
+
+    /// Refuse to grow the metadata past what a checkpoint slot can hold (else the
+    /// journal could fill with no way to checkpoint it).
+    fn check_meta_room(&self, st: &State, extra: u64) -> FsResult<()> {
+        let slot = self.sb.checkpoint[0].1 * PAGE;
+        if st.meta.image_bytes() + extra + 4096 > slot * 9 / 10 {
+            return Err(FsError::NoSpace);
+        }
+        Ok(())
+    }
+
+    /// Create `name` in `dir`.
+    #[allow(clippy::too_many_arguments)]
+    fn create_node(
+        &self,
+        st: &mut State,
+        dir: u64,
+        name: &[u8],
+        kind: InodeKind,
+        mode: u32,
+        target: Option<&[u8]>,
+    ) -> FsResult<u64> {
+        st.check_writable()?;
+        check_name(name)?;
+        match st.lookup(dir, name) {
+            Ok(_) => return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned())),
+            Err(FsError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(t) = target {
+            if t.is_empty() || t.len() > TARGET_MAX {
+                return Err(FsError::Invalid(format!(
+                    "a symlink target of {} bytes",
+                    t.len()
+                )));
+            }
+        }
+        self.check_meta_room(st, 256 + name.len() as u64)?;
+        let now = self.now();
+        let ino = st.meta.next_ino;
+        st.log(
+            Record::Create {
+                ino,
+                kind,
+                mode: mode & 0o7777,
+                uid: 0,
+                gid: 0,
+                time_ns: now,
+            },
+            &[ino],
+            now,
+        )?;
+        st.log(
+            Record::Link {
+                parent: dir,
+                name: name.to_vec(),
+                ino,
+            },
+            &[dir, ino],
+            now,
+        )?;
+        if let Some(t) = target {
+            st.log(
+                Record::SetTarget {
+                    ino,
+                    target: t.to_vec(),
+                },
+                &[ino],
+                now,
+            )?;
+        }
+        st.stamp(dir, now, true);
+        Ok(ino)
+    }
+
+    /// The inode lost its last name: delete it now, or at last close if open.
+    fn drop_if_unlinked(&self, st: &mut State, ino: u64) -> FsResult<()> {
+        let i = st.inode(ino)?;
+        if i.links > 0 {
+            return Ok(());
+        }
+        let now = self.now();
+        if st.live.get(&ino).is_some_and(|l| l.open > 0) {
+            st.log(Record::Orphan { ino }, &[ino], now)
+        } else {
+            self.delete_inode(st, ino)
+        }
+    }
+
+    fn delete_inode(&self, st: &mut State, ino: u64) -> FsResult<()> {
+        if let Some(m) = self.icache.lock().remove(&ino) {
+            // Its dirty pages die with it: nothing will ever read them.
+            m.set_size(0);
+        }
+        self.bdi.forget_inode(ino);
+        st.drop_live_blocks(ino, 0);
+        let now = self.now();
+        st.log(Record::Delete { ino }, &[ino], now)?;
+        st.live.remove(&ino);
+        st.txn_inodes.remove(&ino);
+        Ok(())
+    }
+
+    fn unlink_at(&self, dir: u64, name: &[u8], rmdir: bool) -> FsResult<()> {
+        let mut st = self.st.lock();
+        st.check_writable()?;
+        let ino = st.lookup(dir, name)?;
+        if name == b"." || name == b".." {
+            return Err(FsError::Invalid("cannot remove \".\" or \"..\"".into()));
+        }
+        let i = st.inode(ino)?;
+        let nm = String::from_utf8_lossy(name).into_owned();
+        match (rmdir, i.is_dir()) {
+            (false, true) => return Err(FsError::IsDir(nm)),
+            (true, false) => return Err(FsError::NotDir(nm)),
+            (true, true) if !i.entries.is_empty() => return Err(FsError::NotEmpty(nm)),
+            _ => {}
+        }
+        let now = self.now();
+        st.log(
+            Record::Unlink {
+                parent: dir,
+                name: name.to_vec(),
+                ino,
+            },
+            &[dir, ino],
+            now,
+        )?;
+        st.stamp(dir, now, true);
+        st.stamp(ino, now, false);
+        self.drop_if_unlinked(&mut st, ino)
+    }
+
+    fn rename_at(&self, od: u64, on: &[u8], nd: u64, nn: &[u8]) -> FsResult<()> {
+        let mut st = self.st.lock();
+        st.check_writable()?;
+        check_name(nn)?;
+        let ino = st.lookup(od, on)?;
+        if !st.inode(nd)?.is_dir() {
+            return Err(FsError::NotDir(format!("inode {nd}")));
+        }
+        let src_dir = st.inode(ino)?.is_dir();
+        if src_dir {
+            // Not into its own subtree: walk up from the new parent.
+            let mut d = nd;
+            loop {
+                if d == ino {
+                    return Err(FsError::Invalid(
+                        "cannot move a directory into itself".into(),
+                    ));
+                }
+                if d == ROOT_INO {
+                    break;
+                }
+                d = st.inode(d)?.parent;
+                if d == 0 {
+                    break;
+                }
+            }
+        }
+        let victim = match st.lookup(nd, nn) {
+            Ok(v) => Some(v),
+            Err(FsError::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        let now = self.now();
+        if let Some(v) = victim {
+            if v == ino {
+                return Ok(()); // same file: rename(2) does nothing
+            }
+            let vi = st.inode(v)?;
+            let nm = String::from_utf8_lossy(nn).into_owned();
+            match (src_dir, vi.is_dir()) {
+                (true, false) => return Err(FsError::NotDir(nm)),
+                (false, true) => return Err(FsError::IsDir(nm)),
+                (true, true) if !vi.entries.is_empty() => return Err(FsError::NotEmpty(nm)),
+                _ => {}
+            }
+            st.log(
+                Record::Unlink {
+                    parent: nd,
+                    name: nn.to_vec(),
+                    ino: v,
+                },
+                &[nd, v],
+                now,
+            )?;
+            st.stamp(v, now, false);
+            self.drop_if_unlinked(&mut st, v)?;
+        }
+        st.log(
+            Record::Unlink {
+                parent: od,
+                name: on.to_vec(),
+                ino,
+            },
+            &[od, ino],
+            now,
+        )?;
+        st.log(
+            Record::Link {
+                parent: nd,
+                name: nn.to_vec(),
+                ino,
+            },
+            &[nd, ino],
+            now,
+        )?;
+        st.stamp(od, now, true);
+        st.stamp(nd, now, true);
+        st.stamp(ino, now, false);
+        Ok(())
+    }
+
+    fn open_ino(self: &Arc<Self>, ino: u64, o: &OpenOptions) -> FsResult<File> {
+        let mapping = {
+            let mut st = self.st.lock();
+            let i = st.inode(ino)?;
+            match i.kind {
+                InodeKind::Dir => return Err(FsError::IsDir(format!("inode {ino}"))),
+                InodeKind::Symlink => {
+                    return Err(FsError::Invalid(format!("inode {ino} is a symlink")))
+                }
+                InodeKind::File => {}
+            }
+            if o.write {
+                st.check_writable()?;
+            }
+            let m = self.mapping(&st, ino)?;
+            st.live.entry(ino).or_default().open += 1;
+            m
+        };
+        let f = File {
+            vol: self.clone(),
+            ino,
+            mapping,
+            read: o.read,
+            write: o.write,
+            append: o.append,
+            closed: AtomicBool::new(false),
+        };
+        if o.truncate && o.write {
+            f.set_len(0)?;
+        }
+        Ok(f)
+    }
+
+    fn release(&self, ino: u64) -> FsResult<()> {
+        let mut st = self.st.lock();
+        let Some(l) = st.live.get_mut(&ino) else {
+            return Ok(());
+        };
+        l.open = l.open.saturating_sub(1);
+        let last = l.open == 0;
+        if last && st.meta.inodes.get(&ino).is_some_and(|i| i.links == 0) && st.aborted.is_none() {
+            self.delete_inode(&mut st, ino)?;
+        }
+        Ok(())
+    }
+
+    fn truncate(&self, ino: u64, mapping: &Mapping, size: u64) -> FsResult<()> {
+        let old = mapping.size();
+        // A partial last page keeps its head; its tail must read as zeros from now on,
+        // on disk too, so the page is read, cut and written again.
+        let mut head = None;
+        if size < old && !size.is_multiple_of(PAGE) {
+            let start = size / PAGE * PAGE;
+            let mut buf = vec![0u8; (size - start) as usize];
+            mapping.read_at(start, &mut buf)?;
+            head = Some((start, buf));
+        }
+        mapping.set_size(size);
+        let now = self.now();
+        {
+            let mut st = self.st.lock();
+            st.check_writable()?;
+            let disk = st.inode(ino)?.size;
+            let keep = size.div_ceil(PAGE);
+            st.drop_live_blocks(ino, keep);
+            let new_disk = if size >= old { size } else { size.min(disk) };
+            st.log(
+                Record::Truncate {
+                    ino,
+                    size: new_disk,
+                },
+                &[ino],
+                now,
+            )?;
+            st.stamp(ino, now, true);
+        }
+        if let Some((start, buf)) = head {
+            mapping.write_at(start, &buf)?;
+        }
+        Ok(())
+    }
+}
+
+impl Volume {
+    /// The device queue under the volume.
+    pub fn queue(&self) -> &Arc<RequestQueue> {
+        &self.vol.q
+    }
+    pub fn bdi(&self) -> &Arc<Bdi> {
+        &self.vol.bdi
+    }
+    pub fn cache(&self) -> &Arc<PageCache> {
+        &self.vol.cache
+    }
+    pub fn superblock(&self) -> &Superblock {
+        &self.vol.sb
+    }
+
+    /// Look a path up (following symlinks) and return its inode number.
+    pub fn lookup_path(&self, path: &str) -> FsResult<u64> {
+        let st = self.vol.st.lock();
+        self.vol.resolve(&st, path, true)
+    }
+
+    /// `name` in directory `dir` (inode-level lookup, as FUSE asks).
+    pub fn lookup(&self, dir: u64, name: &str) -> FsResult<u64> {
+        self.vol.st.lock().lookup(dir, name.as_bytes())
+    }
+
+    pub fn stat(&self, path: &str) -> FsResult<Stat> {
+        let st = self.vol.st.lock();
+        let ino = self.vol.resolve(&st, path, true)?;
+        self.vol.stat_of(&st, ino)
+    }
+
+    /// stat without following a symlink in the last component.
+    pub fn lstat(&self, path: &str) -> FsResult<Stat> {
+        let st = self.vol.st.lock();
+        let ino = self.vol.resolve(&st, path, false)?;
+        self.vol.stat_of(&st, ino)
+    }
+
+    pub fn stat_ino(&self, ino: u64) -> FsResult<Stat> {
+        let st = self.vol.st.lock();
+        self.vol.stat_of(&st, ino)
+    }
+
+    pub fn mkdir(&self, path: &str, mode: u32) -> FsResult<u64> {
+        let mut st = self.vol.st.lock();
+        let (dir, name) = self.vol.resolve_parent(&st, path)?;
+        self.vol
+            .create_node(&mut st, dir, &name, InodeKind::Dir, mode, None)
+    }
+
+    /// mkdir -p: every missing directory of `path`.
+    pub fn mkdir_all(&self, path: &str, mode: u32) -> FsResult<()> {
+        let mut at = String::new();
+        for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+            at.push('/');
+            at.push_str(c);
+            match self.mkdir(&at, mode) {
+                Ok(_) => {}
+                Err(FsError::Exists(_)) => {
+                    if self.stat(&at)?.kind != InodeKind::Dir {
+                        return Err(FsError::NotDir(at));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn symlink(&self, target: &str, path: &str) -> FsResult<u64> {
+        let mut st = self.vol.st.lock();
+        let (dir, name) = self.vol.resolve_parent(&st, path)?;
+        self.vol.create_node(
+            &mut st,
+            dir,
+            &name,
+            InodeKind::Symlink,
+            0o777,
+            Some(target.as_bytes()),
+        )
+    }
+
+    pub fn readlink(&self, path: &str) -> FsResult<String> {
+        let st = self.vol.st.lock();
+        let ino = self.vol.resolve(&st, path, false)?;
+        let i = st.inode(ino)?;
+        if i.kind != InodeKind::Symlink {
+            return Err(FsError::Invalid(format!("{path} is not a symlink")));
+        }
+        Ok(String::from_utf8_lossy(&i.target).into_owned())
+    }
+
+    /// A hard link `new` to the file at `existing`.
+    pub fn link(&self, existing: &str, new: &str) -> FsResult<()> {
+        let mut st = self.vol.st.lock();
+        st.check_writable()?;
+        let ino = self.vol.resolve(&st, existing, false)?;
+        if st.inode(ino)?.is_dir() {
+            return Err(FsError::NotPermitted(format!(
+                "{existing}: hard links to directories are not allowed"
+            )));
+        }
+        let (dir, name) = self.vol.resolve_parent(&st, new)?;
+        if st.lookup(dir, &name).is_ok() {
+            return Err(FsError::Exists(new.to_string()));
+        }
+        self.vol.check_meta_room(&st, 64 + name.len() as u64)?;
+        let now = self.vol.now();
+        st.log(
+            Record::Link {
+                parent: dir,
+                name,
+                ino,
+            },
+            &[dir, ino],
+            now,
+        )?;
+        st.stamp(dir, now, true);
+        st.stamp(ino, now, false);
+        Ok(())
+    }
+
+    pub fn unlink(&self, path: &str) -> FsResult<()> {
+        let (dir, name) = {
+            let st = self.vol.st.lock();
+            self.vol.resolve_parent(&st, path)?
+        };
+        self.vol.unlink_at(dir, &name, false)
+    }
+
+    pub fn rmdir(&self, path: &str) -> FsResult<()> {
+        let (dir, name) = {
+            let st = self.vol.st.lock();
+            self.vol.resolve_parent(&st, path)?
+        };
+        self.vol.unlink_at(dir, &name, true)
+    }
+
+    /// rename(2), replacing an existing target atomically.
+    pub fn rename(&self, from: &str, to: &str) -> FsResult<()> {
+        let ((od, on), (nd, nn)) = {
+            let st = self.vol.st.lock();
+            (
+                self.vol.resolve_parent(&st, from)?,
+                self.vol.resolve_parent(&st, to)?,
+            )
+        };
+        self.vol.rename_at(od, &on, nd, &nn)
+    }
+
+    pub fn readdir(&self, path: &str) -> FsResult<Vec<DirEntry>> {
+        let st = self.vol.st.lock();
+        let ino = self.vol.resolve(&st, path, true)?;
+        let d = st.inode(ino)?;
+        if !d.is_dir() {
+            return Err(FsError::NotDir(path.to_string()));
+        }
+        Ok(d.entries
+            .iter()
+            .map(|(n, &c)| DirEntry {
+                name: String::from_utf8_lossy(n).into_owned(),
+                ino: c,
+                kind: st.meta.inodes.get(&c).map_or(InodeKind::File, |i| i.kind),
+            })
+            .collect())
+    }
+
+    /// chmod / chown / utimes.
+    pub fn set_attr(&self, path: &str, a: &SetAttr) -> FsResult<Stat> {
+        let mut st = self.vol.st.lock();
+        st.check_writable()?;
+        let ino = self.vol.resolve(&st, path, true)?;
+        let now = self.vol.now();
+        {
+            let i = st
+                .meta
+                .inodes
+                .get_mut(&ino)
+                .ok_or_else(|| FsError::NotFound(path.to_string()))?;
+            if let Some(m) = a.mode {
+                i.mode = m & 0o7777;
+            }
+            if let Some(u) = a.uid {
+                i.uid = u;
+            }
+            if let Some(g) = a.gid {
+                i.gid = g;
+            }
+            if let Some(t) = a.atime_ns {
+                i.atime_ns = t;
+            }
+            if let Some(t) = a.mtime_ns {
+                i.mtime_ns = t;
+            }
+            i.ctime_ns = now;
+        }
+        st.txn_inodes.insert(ino);
+        // Mode and ownership are not "just timestamps": fdatasync must not skip them.
+        let time_only = a.mode.is_none() && a.uid.is_none() && a.gid.is_none();
+        st.touch(&[ino], time_only, now);
+        self.vol.stat_of(&st, ino)
+    }
+
+    pub fn open(&self, path: &str, o: &OpenOptions) -> FsResult<File> {
+        let ino = {
+            let mut st = self.vol.st.lock();
+            match self.vol.resolve(&st, path, true) {
+                Ok(ino) if o.create && o.exclusive => {
+                    let _ = ino;
+                    return Err(FsError::Exists(path.to_string()));
+                }
+                Ok(ino) => ino,
+                Err(FsError::NotFound(_)) if o.create => {
+                    let (dir, name) = self.vol.resolve_parent(&st, path)?;
+                    self.vol
+                        .create_node(&mut st, dir, &name, InodeKind::File, o.mode, None)?
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.vol.open_ino(ino, o)
+    }
+
+    /// Create (or truncate) a file for writing: `open(path, O_CREAT|O_TRUNC|O_RDWR)`.
+    pub fn create(&self, path: &str) -> FsResult<File> {
+        self.open(path, &OpenOptions::create())
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let st = self.vol.st.lock();
+        let (total, free, avail) = st.meta.alloc.statfs();
+        StatFs {
+            block_size: PAGE,
+            blocks: total,
+            free,
+            available: avail,
+            files: st.meta.inodes.len() as u64,
+        }
+    }
+
+    pub fn journal_stats(&self) -> JournalStats {
+        let j = self.vol.jn.lock();
+        let mut s = j.stats.clone();
+        s.committed_tid = j.committed;
+        s
+    }
+
+    /// syncfs: write back every dirty page, then commit the journal; returns once all
+    /// of it is durable.
+    pub fn sync(&self) -> FsResult<()> {
+        self.vol.sync_all()
+    }
+
+    /// FIEMAP: the file's journaled extents as (file block, device block, blocks).
+    /// Blocks still being written (or only reserved) are not listed.
+    pub fn fiemap(&self, path: &str) -> FsResult<Vec<(u64, u64, u64)>> {
+        let st = self.vol.st.lock();
+        let ino = self.vol.resolve(&st, path, true)?;
+        Ok(st
+            .inode(ino)?
+            .extents
+            .iter()
+            .map(|(&f, &(s, l))| (f, s, l))
+            .collect())
+    }
+
+    /// Check the in-memory metadata against every invariant fsck checks (for tests and
+    /// `wbstack fsck` of a live volume); empty when consistent.
+    pub fn check(&self) -> Vec<String> {
+        let st = self.vol.st.lock();
+        st.meta.check()
+    }
+}
+
+impl File {
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    fn usable(&self) -> FsResult<()> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(FsError::BadFd("the file is closed".into()));
+        }
+        Ok(())
+    }
+
+    pub fn read_at(&self, off: u64, buf: &mut [u8]) -> FsResult<usize> {
+        self.usable()?;
+        if !self.read {
+            return Err(FsError::BadFd("not open for reading".into()));
+        }
+        Ok(self.mapping.read_at(off, buf)?)
+    }
+
+    /// Buffered write at `off` (at the end, for a file opened to append). Returns the
+    /// bytes written: all of `data`, or an error with nothing written.
+    pub fn write_at(&self, off: u64, data: &[u8]) -> FsResult<usize> {
+        self.usable()?;
+        if !self.write {
+            return Err(FsError::BadFd("not open for writing".into()));
+        }
+        let off = if self.append {
+            self.mapping.size()
+        } else {
+            off
+        };
+        if off
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > i64::MAX as u64)
+        {
+            return Err(FsError::Invalid("write past the largest file size".into()));
+        }
+        Ok(self.mapping.write_at(off, data)?)
+    }
+
+    pub fn size(&self) -> u64 {
+        self.mapping.size()
+    }
+
+    pub fn stat(&self) -> FsResult<Stat> {
+        let st = self.vol.st.lock();
+        self.vol.stat_of(&st, self.ino)
+    }
+
+    /// ftruncate.
+    pub fn set_len(&self, size: u64) -> FsResult<()> {
+        self.usable()?;
+        if !self.write {
+            return Err(FsError::BadFd("not open for writing".into()));
+        }
+        if size > i64::MAX as u64 {
+            return Err(FsError::Invalid("size past the largest file size".into()));
+        }
+        self.vol.truncate(self.ino, &self.mapping, size)
+    }
+
+    /// fsync: the file's data and all of its metadata (and the names that lead to it
+    /// from transactions it took part in) are durable when this returns Ok.
+    pub fn fsync(&self) -> FsResult<()> {
+        self.usable()?;
+        self.vol.fsync_ino(self.ino, &self.mapping, false)
+    }
+
+    /// fdatasync: like fsync but does not wait for a commit that changes only
+    /// timestamps.
+    pub fn fdatasync(&self) -> FsResult<()> {
+        self.usable()?;
+        self.vol.fsync_ino(self.ino, &self.mapping, true)
+    }
+
+    /// close(2). Dropping the file does the same, ignoring errors.
+    pub fn close(self) -> FsResult<()> {
+        self.do_close()
+    }
+
+    fn do_close(&self) -> FsResult<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.vol.release(self.ino)
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        let _ = self.do_close();
+    }
+}

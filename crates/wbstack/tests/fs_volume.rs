@@ -1,0 +1,401 @@
+//! The filesystem through its public API: namespace, data, delayed allocation, the
+//! journal across remounts and crashes, ENOSPC, bad images.
+
+use std::sync::Arc;
+use wbstack::block::{QueueConfig, RequestQueue};
+use wbstack::dev::sim::SimDevice;
+use wbstack::fs::fsck::fsck;
+use wbstack::fs::{FsError, InodeKind, MkfsOptions, MountOptions, OpenOptions, Volume};
+
+fn queue(spec: &str) -> Arc<RequestQueue> {
+    RequestQueue::open(spec, QueueConfig::default()).unwrap()
+}
+
+#[allow(dead_code)]
+fn sim(q: &Arc<RequestQueue>) -> &SimDevice {
+    q.device().as_any().downcast_ref::<SimDevice>().unwrap()
+}
+
+/// Periodic writeback and commits far away: tests decide when things happen.
+fn quiet() -> MountOptions {
+    let mut o = MountOptions::default();
+    o.wb.dirty_writeback_centisecs = 0;
+    o.commit_interval_ms = 3_600_000;
+    o
+}
+
+fn fresh(spec: &str) -> (Arc<RequestQueue>, Volume) {
+    let q = queue(spec);
+    Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    (q, v)
+}
+
+fn assert_clean(q: &Arc<RequestQueue>) {
+    let r = fsck(q);
+    assert!(r.is_clean(), "fsck: {:#?}", r);
+}
+
+fn write_file(v: &Volume, path: &str, data: &[u8]) {
+    let f = v.create(path).unwrap();
+    assert_eq!(f.write_at(0, data).unwrap(), data.len());
+    f.close().unwrap();
+}
+
+fn read_file(v: &Volume, path: &str) -> Vec<u8> {
+    let f = v.open(path, &OpenOptions::read()).unwrap();
+    let mut buf = vec![0u8; f.size() as usize];
+    assert_eq!(f.read_at(0, &mut buf).unwrap(), buf.len());
+    buf
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed * 7919) as u8)
+        .collect()
+}
+
+#[test]
+fn files_and_directories_survive_unmount() {
+    let (q, v) = fresh("sim:ssd,size=256M");
+    v.mkdir("/a", 0o755).unwrap();
+    v.mkdir_all("/a/b/c", 0o700).unwrap();
+    write_file(&v, "/a/b/c/f1", &pattern(1, 10_000));
+    write_file(&v, "/a/f2", &pattern(2, 4096 * 300 + 5));
+    v.symlink("b/c/f1", "/a/link").unwrap();
+    v.link("/a/f2", "/hard").unwrap();
+    assert_eq!(v.stat("/a/f2").unwrap().nlink, 2);
+    assert_eq!(v.stat("/a").unwrap().nlink, 3); // ., its entry, b's ..
+    v.unmount().unwrap();
+    assert_clean(&q);
+
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    assert_eq!(read_file(&v, "/a/b/c/f1"), pattern(1, 10_000));
+    assert_eq!(read_file(&v, "/hard"), pattern(2, 4096 * 300 + 5));
+    assert_eq!(read_file(&v, "/a/link"), pattern(1, 10_000));
+    assert_eq!(v.readlink("/a/link").unwrap(), "b/c/f1");
+    assert_eq!(v.lstat("/a/link").unwrap().kind, InodeKind::Symlink);
+    let names: Vec<String> = v
+        .readdir("/a")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["b", "f2", "link"]);
+    v.unmount().unwrap();
+    assert_clean(&q);
+}
+
+#[test]
+fn namespace_errors_map_to_errno() {
+    let (_q, v) = fresh("sim:ssd,size=64M");
+    v.mkdir("/d", 0o755).unwrap();
+    write_file(&v, "/d/f", b"x");
+    let e = |r: Result<(), FsError>| r.unwrap_err().errno();
+    assert_eq!(e(v.mkdir("/d", 0o755).map(|_| ())), libc::EEXIST);
+    assert_eq!(e(v.rmdir("/d")), libc::ENOTEMPTY);
+    assert_eq!(e(v.unlink("/d")), libc::EISDIR);
+    assert_eq!(e(v.rmdir("/d/f")), libc::ENOTDIR);
+    assert_eq!(e(v.unlink("/nope")), libc::ENOENT);
+    assert_eq!(e(v.mkdir("/d/f/x", 0o755).map(|_| ())), libc::ENOTDIR);
+    assert_eq!(e(v.rename("/", "/x")), libc::EINVAL);
+    assert_eq!(e(v.rename("/d", "/d/sub")), libc::EINVAL);
+    assert_eq!(e(v.link("/d", "/d2")), libc::EPERM);
+    let long = "/".to_string() + &"n".repeat(256);
+    assert_eq!(e(v.mkdir(&long, 0o755).map(|_| ())), libc::ENAMETOOLONG);
+    v.symlink("/loop2", "/loop1").unwrap();
+    v.symlink("/loop1", "/loop2").unwrap();
+    assert_eq!(e(v.stat("/loop1").map(|_| ())), libc::ELOOP);
+    let f = v.open("/d/f", &OpenOptions::read()).unwrap();
+    assert_eq!(f.write_at(0, b"y").unwrap_err().errno(), libc::EBADF);
+    assert_eq!(
+        v.open(
+            "/d/f",
+            &OpenOptions {
+                create: true,
+                exclusive: true,
+                ..OpenOptions::create()
+            }
+        )
+        .err()
+        .unwrap()
+        .errno(),
+        libc::EEXIST
+    );
+    assert_eq!(
+        v.open("/d", &OpenOptions::read()).err().unwrap().errno(),
+        libc::EISDIR
+    );
+    assert!(v.check().is_empty(), "{:?}", v.check());
+}
+
+#[test]
+fn rename_over_existing_and_unlink_of_open_file() {
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/old", &pattern(3, 9000));
+    write_file(&v, "/new", &pattern(4, 5000));
+    v.rename("/new", "/old").unwrap();
+    assert_eq!(read_file(&v, "/old"), pattern(4, 5000));
+    assert_eq!(v.stat("/new").unwrap_err().errno(), libc::ENOENT);
+    // An open file keeps its data after its last name is gone.
+    let f = v.open("/old", &OpenOptions::read_write()).unwrap();
+    v.unlink("/old").unwrap();
+    let mut buf = vec![0u8; 5000];
+    f.read_at(0, &mut buf).unwrap();
+    assert_eq!(buf, pattern(4, 5000));
+    f.write_at(5000, b"more").unwrap();
+    v.sync().unwrap();
+    let used = v.statfs().free;
+    f.close().unwrap();
+    v.sync().unwrap();
+    assert!(
+        v.statfs().free > used,
+        "blocks of the deleted file are freed"
+    );
+    assert_eq!(v.statfs().files, 1);
+    v.unmount().unwrap();
+    assert_clean(&q);
+}
+
+#[test]
+fn delayed_allocation_reserves_at_write_and_allocates_adjacent_extents() {
+    let (q, v) = fresh("sim:ssd,size=64M");
+    let free0 = v.statfs();
+    for i in 0..20 {
+        write_file(&v, &format!("/f{i:02}"), &pattern(i, 4096));
+    }
+    // Nothing allocated yet, but the space is promised.
+    let s = v.statfs();
+    assert_eq!(s.free, free0.free);
+    assert_eq!(s.available, free0.available - 20);
+    assert!(v.fiemap("/f00").unwrap().is_empty());
+    assert_eq!(v.stat("/f00").unwrap().blocks, 8);
+    let before = q.diskstats();
+    v.sync().unwrap();
+    let d = q.diskstats().delta(&before);
+    // One writeback pass: consecutive inodes get consecutive blocks, and the plug
+    // merges their 20 bios into one data write (plus the journal commit).
+    let first = v.fiemap("/f00").unwrap()[0].1;
+    for i in 0..20u64 {
+        assert_eq!(
+            v.fiemap(&format!("/f{i:02}")).unwrap(),
+            vec![(0, first + i, 1)]
+        );
+    }
+    assert!(
+        d.writes() <= 3,
+        "{} writes for 20 adjacent files",
+        d.writes()
+    );
+    assert_eq!(v.statfs().free, free0.free - 20);
+    v.unmount().unwrap();
+    assert_clean(&q);
+}
+
+#[test]
+fn enospc_fails_the_write_and_loses_nothing_fsynced() {
+    let (q, v) = fresh("sim:ssd,size=8M");
+    let keep = pattern(9, 64 * 1024);
+    let f = v.create("/keep").unwrap();
+    f.write_at(0, &keep).unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+    let g = v.create("/fill").unwrap();
+    let chunk = vec![0xabu8; 256 * 1024];
+    let mut off = 0u64;
+    let err = loop {
+        match g.write_at(off, &chunk) {
+            Ok(_) => off += chunk.len() as u64,
+            Err(e) => break e,
+        }
+        assert!(off < 64 << 20, "the device never filled");
+    };
+    assert_eq!(err.errno(), libc::ENOSPC);
+    assert!(v.statfs().available < 64);
+    // Writeback of what was accepted cannot fail for lack of space.
+    g.fsync().unwrap();
+    assert_eq!(g.stat().unwrap().size, off);
+    g.close().unwrap();
+    v.unmount().unwrap();
+    assert_clean(&q);
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    assert_eq!(read_file(&v, "/keep"), keep);
+    assert_eq!(v.stat("/fill").unwrap().size, off);
+    v.unlink("/fill").unwrap();
+    v.unmount().unwrap();
+    assert_clean(&q);
+}
+
+#[test]
+fn journal_wraps_through_checkpoints_and_replays() {
+    let (q, v) = fresh("sim:ssd,size=64M");
+    let jblocks = v.superblock().journal_blocks;
+    let mut n = 0;
+    // Enough fsynced creates to fill the journal several times over.
+    while v.journal_stats().checkpoints < 3 {
+        let f = v.create(&format!("/f{n}")).unwrap();
+        f.write_at(0, &pattern(n, 100)).unwrap();
+        f.fsync().unwrap();
+        f.close().unwrap();
+        n += 1;
+        assert!(n < 100 * jblocks, "no checkpoint after {n} commits");
+    }
+    let js = v.journal_stats();
+    assert!(js.commits > jblocks / 2, "{js:?}");
+    // Crash: the newest checkpoint plus the journal after it must hold everything.
+    sim(&q).power_cut(false);
+    v.crash();
+    sim(&q).reboot();
+    assert_clean(&q);
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            read_file(&v, &format!("/f{i}")),
+            pattern(i, 100),
+            "file {i}"
+        );
+    }
+    v.unmount().unwrap();
+}
+
+#[test]
+fn crash_keeps_every_fsynced_file_and_exposes_no_garbage() {
+    for seed in 1..=4u64 {
+        let (q, v) = fresh(&format!("sim:ssd,size=64M,seed={seed}"));
+        for i in 0..40u64 {
+            write_file(
+                &v,
+                &format!("/synced{i}"),
+                &pattern(i, 3000 + 1000 * i as usize),
+            );
+        }
+        v.sync().unwrap();
+        // Unsynced work in flight when the power goes: new files, appends, renames.
+        for i in 0..40u64 {
+            write_file(&v, &format!("/late{i}"), &pattern(100 + i, 8192));
+        }
+        v.rename("/synced0", "/renamed0").unwrap();
+        let h = v.bdi().start_writeback();
+        sim(&q).power_cut(true);
+        let _ = h.wait();
+        v.crash();
+        sim(&q).reboot();
+        assert_clean(&q);
+        let v = Volume::mount(q.clone(), quiet()).unwrap();
+        for i in 1..40u64 {
+            assert_eq!(
+                read_file(&v, &format!("/synced{i}")),
+                pattern(i, 3000 + 1000 * i as usize),
+                "seed {seed} file {i}"
+            );
+        }
+        // The rename is either done or not; the data is intact either way.
+        let p = if v.stat("/renamed0").is_ok() {
+            "/renamed0"
+        } else {
+            "/synced0"
+        };
+        assert_eq!(read_file(&v, p), pattern(0, 3000));
+        // A late file is absent, empty, or holds exactly its data: never other bytes.
+        for i in 0..40u64 {
+            if let Ok(st) = v.stat(&format!("/late{i}")) {
+                let got = read_file(&v, &format!("/late{i}"));
+                let want = pattern(100 + i, 8192);
+                assert!(
+                    got.is_empty() || got == want[..got.len()],
+                    "seed {seed}: /late{i} ({} bytes) holds foreign data",
+                    st.size
+                );
+            }
+        }
+        v.unmount().unwrap();
+        assert_clean(&q);
+    }
+}
+
+#[test]
+fn orphans_are_deleted_at_mount() {
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/victim", &pattern(5, 40_000));
+    v.sync().unwrap();
+    let free_with = v.statfs().free;
+    let f = v.open("/victim", &OpenOptions::read()).unwrap();
+    v.unlink("/victim").unwrap();
+    v.sync().unwrap(); // the unlink (and the orphan record) are durable
+    sim(&q).power_cut(false);
+    std::mem::forget(f); // the process died with the file open
+    v.crash();
+    sim(&q).reboot();
+    let r = fsck(&q);
+    assert!(r.is_clean(), "{r:#?}");
+    assert_eq!(r.orphans, 1);
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    assert_eq!(v.statfs().free, free_with + 10);
+    assert_eq!(v.statfs().files, 1);
+    v.unmount().unwrap();
+    let r = fsck(&q);
+    assert!(r.is_clean() && r.orphans == 0, "{r:#?}");
+}
+
+#[test]
+fn extents_are_journaled_only_after_their_data_is_written() {
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/a", &pattern(1, 8192));
+    sim(&q).hold(true);
+    let h = v.bdi().start_writeback();
+    let t0 = std::time::Instant::now();
+    while sim(&q).pending() == 0 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "writeback never reached the device"
+        );
+        std::thread::yield_now();
+    }
+    // Blocks are allocated and the write is in the device, but no metadata maps
+    // them yet: any commit now would leave /a without them, never pointing at
+    // blocks that may hold garbage.
+    assert!(v.fiemap("/a").unwrap().is_empty());
+    assert_eq!(
+        v.stat("/a").unwrap().blocks,
+        16,
+        "counted as reserved meanwhile"
+    );
+    sim(&q).hold(false);
+    h.wait().unwrap(); // a WB_SYNC_NONE work ends at submission, not completion
+    v.sync().unwrap();
+    assert_eq!(v.fiemap("/a").unwrap().len(), 1);
+    sim(&q).power_cut(false);
+    v.crash();
+    sim(&q).reboot();
+    assert_clean(&q);
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    assert_eq!(read_file(&v, "/a"), pattern(1, 8192));
+    v.unmount().unwrap();
+}
+
+#[test]
+fn bad_images_are_refused_with_a_reason() {
+    let q = queue("sim:ssd,size=16M");
+    let e = Volume::mount(q.clone(), quiet()).err().unwrap().to_string();
+    assert!(e.contains("not a wbstack image"), "{e}");
+    Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
+    // Block 0 damaged: the copy in block 1 is used.
+    q.write_sync(3 * 8, wbstack::buf::IoBuf::zeroed(4096), Default::default())
+        .unwrap();
+    let mut sb = q.read_sync(0, 4096).unwrap();
+    sb.as_mut_slice()[20] ^= 0xff;
+    q.write_sync(0, sb, Default::default()).unwrap();
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    write_file(&v, "/x", b"still works");
+    v.unmount().unwrap();
+    let r = fsck(&q);
+    assert!(r.is_clean(), "{r:#?}");
+    assert!(r.notes.iter().any(|n| n.contains("block 0")), "{r:#?}");
+    // Both copies gone.
+    let mut sb = q.read_sync(8, 4096).unwrap();
+    sb.as_mut_slice()[20] ^= 0xff;
+    q.write_sync(8, sb, Default::default()).unwrap();
+    let e = Volume::mount(q.clone(), quiet()).err().unwrap().to_string();
+    assert!(e.contains("checksum") && e.contains("fsck"), "{e}");
+    assert!(!fsck(&q).is_clean());
+}
