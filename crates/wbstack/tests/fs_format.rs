@@ -211,6 +211,7 @@ fn a_100_tib_layout_is_instant_and_sane() {
     let t = std::time::Instant::now();
     let sb = Superblock::layout((100u64 << 40) / 4096, 1, 1).unwrap();
     sb.check().unwrap();
-    assert!(sb.data_start < 200_000);
+    // Journal and two checkpoint slots: about 2.3 GiB of 100 TiB.
+    assert!(sb.data_start < 600_000, "{}", sb.data_start);
     assert!(t.elapsed().as_millis() < 100);
 }
