@@ -660,6 +660,9 @@ impl Mapping {
         }
         self.cache().nr_writeback.fetch_add(nr, Ordering::Relaxed);
         self.bdi.account_writeback_start(nr);
+        // Before any bio can complete (and unregister it), so sync sees it.
+        self.bdi
+            .inode_writeback_start(&(self.arc() as Arc<dyn WbInode>));
         let q = self.bdi.queue().clone();
         let _plug = Plug::start();
         let mut first_err = Ok(());
@@ -717,9 +720,13 @@ impl Mapping {
         if let Err(e) = &status {
             inner.error = Some(e.clone());
         }
+        let idle = inner.nr_wb == 0;
         drop(inner);
         self.cache().nr_writeback.fetch_sub(n, Ordering::Relaxed);
         self.bdi.account_written(n, status.is_ok());
+        if idle {
+            self.bdi.inode_writeback_end(self);
+        }
         self.cv.notify_all();
     }
 
@@ -768,6 +775,9 @@ impl WbInode for Mapping {
     }
     fn wait_writeback_all(&self) {
         self.wait_writeback(0, u64::MAX);
+    }
+    fn under_writeback(&self) -> bool {
+        self.inner.lock().nr_wb > 0
     }
 }
 

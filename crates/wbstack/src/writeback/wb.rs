@@ -95,6 +95,10 @@ pub trait WbInode: Send + Sync {
     }
     /// Wait for every page of the inode under writeback.
     fn wait_writeback_all(&self) {}
+    /// Whether any page of the inode is under writeback.
+    fn under_writeback(&self) -> bool {
+        false
+    }
 }
 
 /// A queued work and its completion.
@@ -153,6 +157,10 @@ pub struct Bdi {
     cfg: Mutex<WbConfig>,
     lists: Mutex<WbLists>,
     inodes: Mutex<HashMap<u64, Arc<dyn WbInode>>>,
+    /// Inodes with pages under writeback (the kernel's s_inodes_wb): sync waits for
+    /// all of them, not only for those its own pass wrote, so writeback started before
+    /// it by anyone (the flusher, an earlier WB_SYNC_NONE work) is durable too.
+    wb_inodes: Mutex<HashMap<u64, Weak<dyn WbInode>>>,
     works: Mutex<VecDeque<Arc<WorkItem>>>,
     waiter: Arc<Waiter>,
     stop: AtomicBool,
@@ -183,6 +191,7 @@ impl Bdi {
             cfg: Mutex::new(cfg),
             lists: Mutex::new(WbLists::new()),
             inodes: Mutex::new(HashMap::new()),
+            wb_inodes: Mutex::new(HashMap::new()),
             works: Mutex::new(VecDeque::new()),
             waiter,
             stop: AtomicBool::new(false),
@@ -301,6 +310,39 @@ impl Bdi {
     pub fn forget_inode(&self, ino: u64) {
         self.lists.lock().remove(ino);
         self.inodes.lock().remove(&ino);
+        self.wb_inodes.lock().remove(&ino);
+    }
+
+    /// The inode's first page went under writeback (called after the count rose, with
+    /// no lock of the inode held).
+    pub fn inode_writeback_start(&self, inode: &Arc<dyn WbInode>) {
+        self.wb_inodes
+            .lock()
+            .insert(inode.ino(), Arc::downgrade(inode));
+    }
+
+    /// The inode's last page left writeback. Checked again under the list's lock: a
+    /// writer that started new writeback meanwhile has already registered, or will
+    /// register after this removal.
+    pub fn inode_writeback_end(&self, inode: &dyn WbInode) {
+        let mut w = self.wb_inodes.lock();
+        if !inode.under_writeback() {
+            w.remove(&inode.ino());
+        }
+    }
+
+    /// wait_sb_inodes: wait for every page that was under writeback when this was
+    /// called.
+    pub fn wait_writeback_started(&self) {
+        let inodes: Vec<Arc<dyn WbInode>> = self
+            .wb_inodes
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for i in inodes {
+            i.wait_writeback_all();
+        }
     }
 
     fn over_bg_thresh(&self) -> bool {
@@ -377,7 +419,9 @@ impl Bdi {
 
     /// Write back everything dirty now and wait for it (sync_inodes_sb: WB_SYNC_ALL).
     pub fn sync(&self) -> BlkResult {
-        self.queue_work(WorkKind::Sync, i64::MAX).wait()
+        let r = self.queue_work(WorkKind::Sync, i64::MAX).wait();
+        self.wait_writeback_started();
+        r
     }
 
     /// Start writeback of everything dirty (WB_SYNC_NONE), returning a handle.
