@@ -178,6 +178,9 @@ struct ReadlatArgs {
     /// A concurrent buffered dd of this many bytes (bs 1 MiB): heavy writeback.
     #[arg(long, default_value = "0", value_parser = size_arg)]
     background_dd: u64,
+    /// Bytes the dd writes before the reads start.
+    #[arg(long, default_value = "0", value_parser = size_arg)]
+    dd_lead: u64,
     /// Reader threads at most.
     #[arg(long, default_value_t = 512)]
     max_readers: usize,
@@ -447,6 +450,7 @@ fn run_readlat(a: ReadlatArgs) -> Result<(), String> {
         hogs: a.hogs,
         hog_mem: a.hog_mem,
         background_dd: a.background_dd,
+        dd_lead: a.dd_lead,
         max_readers: a.max_readers,
         print_max: a.print_max,
         dir: a.dir.clone(),

@@ -47,6 +47,9 @@ pub struct ReadlatOpts {
     pub hog_mem: u64,
     /// Bytes a concurrent buffered dd writes (bs 1 MiB) while the reads run; 0: none.
     pub background_dd: u64,
+    /// Bytes the dd writes before the reads start (at least its first block), so the
+    /// reads meet writeback already under way.
+    pub dd_lead: u64,
     /// Reader threads at most (a stall longer than this many targets queues reads).
     pub max_readers: usize,
     /// "read latency=N usec" lines printed to stderr as they happen, at most.
@@ -69,6 +72,7 @@ impl Default for ReadlatOpts {
             hogs: 0,
             hog_mem: 0,
             background_dd: 0,
+            dd_lead: 0,
             max_readers: 512,
             print_max: 20,
             dir: "readlat".into(),
@@ -358,17 +362,25 @@ fn background_dd(
     fs: &dyn BenchFs,
     path: &str,
     size: u64,
+    lead: u64,
+    started: std::sync::mpsc::Sender<()>,
     stop: &AtomicBool,
 ) -> Result<DdSummary, String> {
     let t0 = Instant::now();
     let mut f = fs.create(path).map_err(err("readlat: dd create"))?;
     let buf = vec![0u8; 1 << 20];
     let mut off = 0;
+    let mut started = Some(started);
     while off < size && !stop.load(Ordering::Relaxed) {
         let n = (size - off).min(buf.len() as u64) as usize;
         f.write_at(off, &buf[..n])
             .map_err(err("readlat: dd write"))?;
         off += n as u64;
+        if off >= lead.min(size) {
+            if let Some(s) = started.take() {
+                let _ = s.send(());
+            }
+        }
     }
     f.close().map_err(err("readlat: dd close"))?;
     let secs = t0.elapsed().as_secs_f64();
@@ -476,15 +488,22 @@ pub fn run(o: &ReadlatOpts, fs: Arc<dyn BenchFs>) -> Result<ReadlatReport, Strin
 
     let hogs = Hogs::start(o.hogs, o.hog_mem);
     let dd_stop = Arc::new(AtomicBool::new(false));
-    let dd = (o.background_dd > 0).then(|| {
-        let (fs, stop, p, n) = (
+    let dd = if o.background_dd > 0 {
+        let (fs, stop, p, n, lead) = (
             fs.clone(),
             dd_stop.clone(),
             dd_path.clone(),
             o.background_dd,
+            o.dd_lead,
         );
-        std::thread::spawn(move || background_dd(&*fs, &p, n, &stop))
-    });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || background_dd(&*fs, &p, n, lead, tx, &stop));
+        // The reads start once the dd is writing (or has failed: its error comes below).
+        let _ = rx.recv();
+        Some(h)
+    } else {
+        None
+    };
     let _progress = {
         let sh = sh.clone();
         Progress::start(o.progress, Duration::from_secs(2), move || {
