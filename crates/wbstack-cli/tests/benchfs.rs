@@ -33,11 +33,13 @@ fn parse_sysfs_stat_and_proc_diskstats_lines() {
     // A /proc/diskstats line of the same device, and our own line() round trip.
     let proc = format!(" 254       0 vda {}", sys.trim());
     assert_eq!(DiskStats::parse(&proc).unwrap(), d);
-    let mut ours = DiskStats::default();
-    ours.ios = [5, 6, 7, 8];
-    ours.sectors = [40, 48, 56, 0];
-    ours.in_flight = [2, 0];
-    ours.io_ticks_ms = 9;
+    let ours = DiskStats {
+        ios: [5, 6, 7, 8],
+        sectors: [40, 48, 56, 0],
+        in_flight: [2, 0],
+        io_ticks_ms: 9,
+        ..Default::default()
+    };
     assert_eq!(
         DiskStats::parse(&ours.line(7, 0, "loop0"))
             .unwrap()

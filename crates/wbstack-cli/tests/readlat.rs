@@ -298,7 +298,7 @@ fn background_dd_and_hogs_run_alongside() {
     assert_eq!(r.hogs, 1);
     let dd = r.dd.clone().expect("dd summary");
     assert!(
-        dd.bytes >= 1 << 20 && dd.bytes <= 3 << 20 && dd.bytes % (1 << 20) == 0,
+        dd.bytes >= 1 << 20 && dd.bytes <= 3 << 20 && dd.bytes.is_multiple_of(1 << 20),
         "the reads started after the dd's lead: {}",
         dd.bytes
     );
