@@ -66,8 +66,15 @@ pub trait FlushWait: Send {
 }
 
 /// The hook for wbstack's own filesystem: a `Volume` on the device `spec`.
+///
+/// To wire it: a `VolumeFs` implementing `BenchFs` (mkfs or mount the Volume on `spec`,
+/// paths '/'-separated from its root; `sync` = the volume's sync; `usage` from its
+/// allocator; `disk_stats` = the request queue's `diskstats()`; `drop_cache` = write the
+/// file back and evict its pages; `extra_stats` = writeback fairness as JSON) and a
+/// `BenchFile` over its `File` (`start_flush` = an fsync work queued to the flusher,
+/// waited on by the returned `FlushWait`). Then return it here; the three tools and their
+/// `--device` flags need nothing else.
 pub fn open_device(spec: &str) -> Result<Arc<dyn BenchFs>, String> {
-    // The lead wires wbstack's Volume in here (an `impl BenchFs` over Volume/File).
     Err(format!(
         "--device {spec}: the wbstack filesystem backend is not wired yet; \
          measure a kernel filesystem with --dir-path PATH for now"
@@ -340,7 +347,11 @@ thread_local! {
     static RING: RefCell<Option<Result<Arc<Mutex<Ring>>, String>>> = const { RefCell::new(None) };
 }
 
+/// `WBSTACK_ASYNC_FLUSH=threads` forces the fallback (to compare, or to test it).
 fn thread_ring() -> Result<Arc<Mutex<Ring>>, String> {
+    if std::env::var_os("WBSTACK_ASYNC_FLUSH").is_some_and(|v| v == "threads") {
+        return Err("WBSTACK_ASYNC_FLUSH=threads".into());
+    }
     RING.with(|r| {
         r.borrow_mut()
             .get_or_insert_with(|| {

@@ -134,6 +134,39 @@ fn fsmark_json_and_table() {
 }
 
 #[test]
+fn fsmark_async_flush_through_io_uring_or_the_thread_fallback() {
+    let dir = tmp();
+    let d = dir.path().to_str().unwrap();
+    for (env, want) in [(None, "io_uring"), (Some("threads"), "threads")] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_wbstack"));
+        c.args([
+            "bench",
+            "fsmark",
+            "--dir-path",
+            d,
+            "-d",
+            "f",
+            "-n",
+            "50",
+            "-s",
+            "4k",
+            "-S",
+            "A",
+            "--async-depth",
+            "8",
+            "--json",
+        ]);
+        if let Some(v) = env {
+            c.env("WBSTACK_ASYNC_FLUSH", v);
+        }
+        let v = json(&c.output().unwrap());
+        assert_eq!(v["async_mechanism"], want);
+        assert_eq!(v["totals"]["fsyncs"], 50);
+        assert_eq!(v["totals"]["files"], 50);
+    }
+}
+
+#[test]
 fn tardd_json() {
     let dir = tmp();
     let v = json(&wbstack(&[
