@@ -293,7 +293,7 @@ pub fn run(o: &TarddOpts, fs: Arc<dyn BenchFs>) -> Result<TarddReport, String> {
     if o.dd_bs == 0 {
         return Err("tardd: dd block size must be at least 1".into());
     }
-    let (archive, name): (Box<dyn Read + Send>, String) = match &o.source {
+    let (archive, name, archive_bytes): (Box<dyn Read + Send>, String, u64) = match &o.source {
         TarSource::File(p) => {
             let mut f =
                 std::fs::File::open(p).map_err(|e| format!("tardd: --tar {}: {e}", p.display()))?;
@@ -311,9 +311,11 @@ pub fn run(o: &TarddOpts, fs: Arc<dyn BenchFs>) -> Result<TarddReport, String> {
                 ));
             }
             let f = std::fs::File::open(p).map_err(err("tardd: --tar"))?;
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
             (
                 Box::new(std::io::BufReader::new(f)),
                 p.display().to_string(),
+                len,
             )
         }
         TarSource::Synthetic { files, seed } => {
@@ -321,15 +323,13 @@ pub fn run(o: &TarddOpts, fs: Arc<dyn BenchFs>) -> Result<TarddReport, String> {
                 eprintln!("tardd: generating a synthetic tree of {files} files (seed {seed})");
             }
             let v = synthetic_tar(*files, *seed)?;
+            let len = v.len() as u64;
             (
                 Box::new(std::io::Cursor::new(v)),
                 format!("synthetic:{files} files,seed={seed}"),
+                len,
             )
         }
-    };
-    let archive_bytes = match &o.source {
-        TarSource::File(p) => std::fs::metadata(p).map(|m| m.len()).unwrap_or(0),
-        TarSource::Synthetic { .. } => 0,
     };
     let dir = o.dir.trim_matches('/').to_string();
     let tree = if dir.is_empty() {
