@@ -1,7 +1,12 @@
 //! The `wbstack` tools: benchmarks and the lab of seed experiments.
 
+pub mod benchfs;
 pub mod blkbench;
 pub mod fio;
+pub mod fsmark;
+pub mod hog;
 pub mod lab;
+pub mod readlat;
+pub mod tardd;
 pub mod util;
 pub mod wbbench;

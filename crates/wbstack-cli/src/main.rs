@@ -1,11 +1,17 @@
 //! The `wbstack` command line.
 
 use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 use wbstack::block::IoStatsMode;
+use wbstack_cli::benchfs::{self, BenchFs};
 use wbstack_cli::blkbench::{self, BlkJob, Rw};
+use wbstack_cli::fsmark::{self, FsmarkOpts, SyncMethod};
 use wbstack_cli::lab::{self, LabOpts};
+use wbstack_cli::readlat::{self, ReadlatOpts};
+use wbstack_cli::tardd::{self, TarSource, TarddOpts};
 use wbstack_cli::util::{duration_arg, size_arg};
 
 #[derive(Parser)]
@@ -54,6 +60,141 @@ enum BenchCmd {
     Smallfiles(SmallfilesArgs),
     /// One buffered writer faster than the device: dirty throttling at work (test fs).
     Dirty(DirtyArgs),
+    /// fs_mark: threads creating small files, per -S with fsync or async flush (seeds 000, 004).
+    Fsmark(FsmarkArgs),
+    /// tar -x of a source tree while dd streams a large file, then sync (seed 001).
+    Tardd(TarddArgs),
+    /// Sequential 4 KiB reads with a latency target, piped to a writer (seed 003).
+    Readlat(ReadlatArgs),
+}
+
+/// Where a file-level workload runs: wbstack's filesystem and/or a kernel filesystem.
+#[derive(Args)]
+struct TargetArgs {
+    /// wbstack's filesystem on this device spec (as `bench blk --device`).
+    #[arg(long)]
+    device: Option<String>,
+    /// A directory on a kernel filesystem. With --device too, both run, one after the other.
+    #[arg(long)]
+    dir_path: Option<PathBuf>,
+    /// One JSON object per target, one per line.
+    #[arg(long)]
+    json: bool,
+}
+
+impl TargetArgs {
+    fn open(&self) -> Result<Vec<Arc<dyn BenchFs>>, String> {
+        benchfs::open_targets(self.device.as_deref(), self.dir_path.as_deref())
+    }
+}
+
+#[derive(Args)]
+struct FsmarkArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Directory inside the target, one thread each (repeat the flag for more).
+    #[arg(short = 'd', value_name = "DIR", required = true)]
+    dirs: Vec<String>,
+    /// Threads: a multiple of the number of -d directories (default: one per directory).
+    #[arg(short = 't', default_value_t = 0)]
+    threads: usize,
+    /// Subdirectories per directory (at least 2).
+    #[arg(short = 'D', default_value_t = 0)]
+    subdirs: u32,
+    /// Files per subdirectory before the next one (round robin); default: time hash.
+    #[arg(short = 'N', default_value_t = 0)]
+    per_subdir: u32,
+    /// Seconds per subdirectory of the time hash.
+    #[arg(long, default_value_t = 180)]
+    secs_per_subdir: u64,
+    /// Files per thread per loop.
+    #[arg(short = 'n', default_value_t = 1000)]
+    files: u64,
+    /// Bytes per file.
+    #[arg(short = 's', default_value = "51200", value_parser = size_arg)]
+    size: u64,
+    /// Bytes per write call.
+    #[arg(short = 'w', default_value = "16384", value_parser = size_arg)]
+    io_size: u64,
+    /// Loops (implies -k, as in fs_mark).
+    #[arg(short = 'L')]
+    loops: Option<u32>,
+    /// Keep the files after each loop.
+    #[arg(short = 'k')]
+    keep: bool,
+    /// Sync method: 0 none, 1 fsync before close, A asynchronous flush before close.
+    #[arg(short = 'S', default_value = "1", value_parser = SyncMethod::parse)]
+    sync: SyncMethod,
+    /// -S A: flushes in flight per thread before the oldest is waited on.
+    #[arg(long, default_value_t = 64)]
+    async_depth: usize,
+    /// Skip the final (timed) sync of the filesystem.
+    #[arg(long)]
+    no_final_sync: bool,
+}
+
+#[derive(Args)]
+struct TarddArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// An uncompressed tar file to extract (default: a synthetic source tree).
+    #[arg(long)]
+    tar: Option<PathBuf>,
+    /// Files of the synthetic tree.
+    #[arg(long, default_value_t = 20_000)]
+    files: usize,
+    /// Seed of the synthetic tree.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Bytes the dd writes (bs 1 MiB).
+    #[arg(long, default_value = "2G", value_parser = size_arg)]
+    dd_size: u64,
+    /// Directory inside the target for the tree and the dd file.
+    #[arg(long, default_value = "tardd")]
+    dir: String,
+}
+
+#[derive(Args)]
+struct ReadlatArgs {
+    #[command(flatten)]
+    on: TargetArgs,
+    /// File to read, inside the target (default: write --size bytes first, then drop
+    /// them from the cache).
+    #[arg(long)]
+    file: Option<String>,
+    #[arg(long, default_value = "512M", value_parser = size_arg)]
+    size: u64,
+    /// Latency target of one read (a bare number is seconds).
+    #[arg(long, default_value = "10ms", value_parser = duration_arg)]
+    target: Duration,
+    #[arg(long, default_value = "4k", value_parser = size_arg)]
+    bs: u64,
+    /// CPU hog threads running meanwhile.
+    #[arg(long, default_value_t = 0)]
+    hogs: usize,
+    /// Memory the hogs hold between them.
+    #[arg(long, default_value = "0", value_parser = size_arg)]
+    hog_mem: u64,
+    /// A concurrent buffered dd of this many bytes (bs 1 MiB): heavy writeback.
+    #[arg(long, default_value = "0", value_parser = size_arg)]
+    background_dd: u64,
+    /// Bytes the dd writes before the reads start.
+    #[arg(long, default_value = "0", value_parser = size_arg)]
+    dd_lead: u64,
+    /// Reader threads at most.
+    #[arg(long, default_value_t = 512)]
+    max_readers: usize,
+    /// "read latency=" lines printed, at most.
+    #[arg(long, default_value_t = 20)]
+    print_max: usize,
+    /// Directory inside the target for the files of the run.
+    #[arg(long, default_value = "readlat")]
+    dir: String,
+    /// Keep the files of the run.
+    #[arg(long)]
+    keep: bool,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 #[derive(Args)]
@@ -216,6 +357,145 @@ fn run_blk(a: BlkArgs) -> Result<(), String> {
     Ok(())
 }
 
+fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
+    println!("{}", serde_json::to_string(v).map_err(|e| e.to_string())?);
+    Ok(())
+}
+
+fn run_fsmark(a: FsmarkArgs) -> Result<(), String> {
+    let targets = a.target.open()?;
+    let o = FsmarkOpts {
+        dirs: a.dirs.clone(),
+        threads: a.threads,
+        subdirs: a.subdirs,
+        per_subdir: a.per_subdir,
+        secs_per_subdir: a.secs_per_subdir,
+        files: a.files,
+        size: a.size,
+        io_size: usize::try_from(a.io_size).map_err(|_| "-w is too large".to_string())?,
+        loops: a.loops.unwrap_or(1),
+        keep: a.keep || a.loops.is_some(),
+        sync: a.sync,
+        async_depth: a.async_depth,
+        final_sync: !a.no_final_sync,
+        progress: !a.target.json,
+    };
+    let json = a.target.json;
+    for fs in targets {
+        if !json {
+            let threads = if o.threads == 0 {
+                o.dirs.len()
+            } else {
+                o.threads
+            };
+            println!();
+            println!("#  {}", std::env::args().collect::<Vec<_>>().join(" "));
+            println!("#\tTarget: {}", fs.name());
+            for l in fsmark::header(&o, threads) {
+                println!("{l}");
+            }
+        }
+        let r = fsmark::run_with(&o, fs, &mut |l| {
+            if !json {
+                println!("{}", fsmark::loop_line(l));
+            }
+        })?;
+        if json {
+            print_json(&r)?;
+        } else {
+            for l in fsmark::summary_lines(&r) {
+                println!("{l}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_tardd(a: TarddArgs) -> Result<(), String> {
+    let targets = a.target.open()?;
+    let o = TarddOpts {
+        source: match &a.tar {
+            Some(p) => TarSource::File(p.clone()),
+            None => TarSource::Synthetic {
+                files: a.files,
+                seed: a.seed,
+            },
+        },
+        dd_size: a.dd_size,
+        dd_bs: 1 << 20,
+        dir: a.dir.clone(),
+        progress: !a.target.json,
+    };
+    for fs in targets {
+        let r = tardd::run(&o, fs)?;
+        if a.target.json {
+            print_json(&r)?;
+        } else {
+            println!("== tardd on {}", r.target);
+            for l in tardd::human_lines(&r) {
+                println!("{l}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_readlat(a: ReadlatArgs) -> Result<(), String> {
+    let targets = a.on.open()?;
+    let o = ReadlatOpts {
+        file: a.file.clone(),
+        size: a.size,
+        bs: usize::try_from(a.bs).map_err(|_| "--bs is too large".to_string())?,
+        target: a.target,
+        hogs: a.hogs,
+        hog_mem: a.hog_mem,
+        background_dd: a.background_dd,
+        dd_lead: a.dd_lead,
+        max_readers: a.max_readers,
+        print_max: a.print_max,
+        dir: a.dir.clone(),
+        keep: a.keep,
+        seed: a.seed,
+        progress: !a.on.json,
+    };
+    for fs in targets {
+        let name = fs.name();
+        if !a.on.json {
+            println!("== readlat on {name}");
+        }
+        let r = readlat::run(&o, fs)?;
+        if a.on.json {
+            print_json(&r)?;
+        } else {
+            let late = r.read_over + r.write.over;
+            if late as usize > o.print_max {
+                eprintln!(
+                    "[... {} more late reads/writes not printed]",
+                    late as usize - o.print_max
+                );
+            }
+            for l in readlat::human_lines(&r) {
+                println!("{l}");
+            }
+            if let Some(d) = &r.dd {
+                println!(
+                    "background dd: {} MiB in {:.2}s ({:.1} MiB/s)",
+                    d.bytes >> 20,
+                    d.secs,
+                    d.mib_s
+                );
+            }
+            if let Some(d) = &r.device {
+                println!(
+                    "device: {} reads, {} writes ({:.1} KiB avg), {} flushes; reader threads {}",
+                    d.read_ios, d.write_ios, d.avg_write_kib, d.flushes, r.reader_threads
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
@@ -232,6 +512,9 @@ fn main() -> ExitCode {
                 Ok(())
             })
         }
+        Cmd::Bench(BenchCmd::Fsmark(a)) => run_fsmark(a),
+        Cmd::Bench(BenchCmd::Tardd(a)) => run_tardd(a),
+        Cmd::Bench(BenchCmd::Readlat(a)) => run_readlat(a),
         Cmd::Bench(BenchCmd::Dirty(a)) => {
             wbstack_cli::wbbench::dirty(&a.device, a.size, a.bs, a.cache).and_then(|r| {
                 if a.json {

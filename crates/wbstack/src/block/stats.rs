@@ -343,6 +343,43 @@ impl DiskStats {
         s
     }
 
+    /// Parse a kernel statistics line: a `/sys/block/*/stat` (or `/sys/dev/block/M:m/stat`)
+    /// line of bare fields, or a `/proc/diskstats` line (major, minor, name, then the
+    /// fields). Kernels before 4.18 have 11 fields and before 5.5 have 15; the missing
+    /// ones read as 0. The kernel reports one in-flight total, kept in `in_flight[0]`,
+    /// so `fields()` gives it back unchanged. Times in milliseconds become `nsecs`.
+    pub fn parse(line_or_sysfs_stat: &str) -> Result<DiskStats, String> {
+        let toks: Vec<&str> = line_or_sysfs_stat.split_whitespace().collect();
+        let is_diskstats = toks.len() >= 3
+            && toks[0].parse::<u64>().is_ok()
+            && toks[1].parse::<u64>().is_ok()
+            && toks[2].parse::<u64>().is_err();
+        let fields = if is_diskstats { &toks[3..] } else { &toks[..] };
+        if fields.len() < 11 {
+            return Err(format!(
+                "disk statistics need at least 11 fields, got {}: '{}'",
+                fields.len(),
+                line_or_sysfs_stat.trim()
+            ));
+        }
+        let mut f = [0u64; 17];
+        for (i, t) in fields.iter().take(17).enumerate() {
+            f[i] = t
+                .parse()
+                .map_err(|_| format!("disk statistics field {} is not a number: '{t}'", i + 1))?;
+        }
+        let ms = |v: u64| v.saturating_mul(1_000_000);
+        Ok(DiskStats {
+            ios: [f[0], f[4], f[11], f[15]],
+            merges: [f[1], f[5], f[12], 0],
+            sectors: [f[2], f[6], f[13], 0],
+            nsecs: [ms(f[3]), ms(f[7]), ms(f[14]), ms(f[16])],
+            in_flight: [f[8], 0],
+            io_ticks_ms: f[9],
+            time_in_queue_ms: f[10],
+        })
+    }
+
     /// A readable multi-line summary for tools.
     pub fn pretty(&self) -> String {
         let kib = |s: u64| s / 2;
