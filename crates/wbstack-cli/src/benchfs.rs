@@ -65,20 +65,10 @@ pub trait FlushWait: Send {
     fn wait(self: Box<Self>) -> io::Result<()>;
 }
 
-/// The hook for wbstack's own filesystem: a `Volume` on the device `spec`.
-///
-/// To wire it: a `VolumeFs` implementing `BenchFs` (mkfs or mount the Volume on `spec`,
-/// paths '/'-separated from its root; `sync` = the volume's sync; `usage` from its
-/// allocator; `disk_stats` = the request queue's `diskstats()`; `drop_cache` = write the
-/// file back and evict its pages; `extra_stats` = writeback fairness as JSON) and a
-/// `BenchFile` over its `File` (`start_flush` = an fsync work queued to the flusher,
-/// waited on by the returned `FlushWait`). Then return it here; the three tools and their
-/// `--device` flags need nothing else.
+/// wbstack's own filesystem: a fresh `Volume` on the device `spec` (see `volfs`), with
+/// default mount options.
 pub fn open_device(spec: &str) -> Result<Arc<dyn BenchFs>, String> {
-    Err(format!(
-        "--device {spec}: the wbstack filesystem backend is not wired yet; \
-         measure a kernel filesystem with --dir-path PATH for now"
-    ))
+    crate::volfs::open(spec, "")
 }
 
 /// The targets of one invocation: `--device SPEC` (wbstack) and/or `--dir-path PATH`

@@ -9,4 +9,5 @@ pub mod lab;
 pub mod readlat;
 pub mod tardd;
 pub mod util;
+pub mod volfs;
 pub mod wbbench;

@@ -63,6 +63,8 @@ pub struct Inode {
     pub target: Vec<u8>,
     /// Directories: the directory holding its entry (the root is its own parent).
     pub parent: u64,
+    /// Directories: entries that are directories (derived; keeps nlink O(1)).
+    pub subdirs: u32,
 }
 
 impl Inode {
@@ -81,6 +83,7 @@ impl Inode {
             entries: BTreeMap::new(),
             target: Vec::new(),
             parent: 0,
+            subdirs: 0,
         }
     }
 
@@ -115,14 +118,9 @@ impl Inode {
 
     /// What `stat` reports as nlink: a directory counts its own `.` and every
     /// subdirectory's `..`.
-    pub fn nlink(&self, meta: &Meta) -> u32 {
+    pub fn nlink(&self) -> u32 {
         if self.is_dir() {
-            let subdirs = self
-                .entries
-                .values()
-                .filter(|i| meta.inodes.get(i).is_some_and(|c| c.is_dir()))
-                .count() as u32;
-            self.links + 1 + subdirs
+            self.links + 1 + self.subdirs
         } else {
             self.links
         }
@@ -237,7 +235,9 @@ impl Meta {
                 if child_is_dir && self.get(*ino)?.links > 0 {
                     return bad(format!("second link to directory {ino}"));
                 }
-                self.get_mut(*parent)?.entries.insert(name.clone(), *ino);
+                let p = self.get_mut(*parent)?;
+                p.entries.insert(name.clone(), *ino);
+                p.subdirs += u32::from(child_is_dir);
                 let c = self.get_mut(*ino)?;
                 c.links += 1;
                 if child_is_dir {
@@ -256,7 +256,10 @@ impl Meta {
                 if self.get(*ino)?.links == 0 {
                     return bad(format!("unlink of inode {ino} with no links"));
                 }
-                self.get_mut(*parent)?.entries.remove(name);
+                let child_is_dir = self.get(*ino)?.is_dir();
+                let p = self.get_mut(*parent)?;
+                p.entries.remove(name);
+                p.subdirs -= u32::from(child_is_dir);
                 let c = self.get_mut(*ino)?;
                 c.links -= 1;
                 if c.is_dir() {
@@ -546,6 +549,9 @@ impl Meta {
             if let Some(ci) = inodes.get_mut(&c) {
                 if ci.is_dir() {
                     ci.parent = p;
+                    if let Some(pi) = inodes.get_mut(&p) {
+                        pi.subdirs += 1;
+                    }
                 }
             }
         }

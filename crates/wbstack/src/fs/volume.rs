@@ -58,6 +58,76 @@ impl Default for MountOptions {
     }
 }
 
+impl MountOptions {
+    /// Every option `set` knows, for messages.
+    pub const KEYS: &'static str = "cache_size, writeback_plug, expire_first, \
+        dirty_ratio, dirty_background_ratio, dirty_bytes, dirty_background_bytes, \
+        dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
+        max_batch_time, read_ahead_kb";
+
+    /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
+    /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
+    pub fn set(&mut self, key: &str, value: &str) -> FsResult<()> {
+        use crate::dev::parse_size;
+        let bad = |why: String| FsError::Invalid(format!("{key}={value}: {why}"));
+        let num = || value.trim().parse::<u64>().map_err(|e| bad(e.to_string()));
+        let flag = || match value.trim() {
+            "1" | "on" | "true" | "yes" => Ok(true),
+            "0" | "off" | "false" | "no" => Ok(false),
+            _ => Err(bad("expected 0 or 1".into())),
+        };
+        let size = || parse_size(value).map_err(bad);
+        let pct = || {
+            num().and_then(|v| {
+                if v <= 100 {
+                    Ok(v as u32)
+                } else {
+                    Err(bad("a percentage is at most 100".into()))
+                }
+            })
+        };
+        match key {
+            "cache_size" => self.cache.cache_size = size()?,
+            "read_ahead_kb" => self.cache.ra_max_pages = (size()? / 4096).max(1),
+            "writeback_plug" => self.wb.writeback_plug = flag()?,
+            "expire_first" => self.wb.expire_first = flag()?,
+            "dirty_ratio" => self.wb.dirty.dirty_ratio = pct()?,
+            "dirty_background_ratio" => self.wb.dirty.dirty_background_ratio = pct()?,
+            "dirty_bytes" => self.wb.dirty.dirty_bytes = size()?,
+            "dirty_background_bytes" => self.wb.dirty.dirty_background_bytes = size()?,
+            "dirty_expire_centisecs" => self.wb.dirty_expire_centisecs = num()?,
+            "dirty_writeback_centisecs" => self.wb.dirty_writeback_centisecs = num()?,
+            "commit" => {
+                let s = num()?;
+                if s == 0 {
+                    return Err(bad("the commit interval must be at least 1 s".into()));
+                }
+                self.commit_interval_ms = s * 1000;
+            }
+            "min_batch_time" => self.min_batch_us = num()?,
+            "max_batch_time" => self.max_batch_us = num()?,
+            _ => {
+                return Err(FsError::Invalid(format!(
+                    "unknown option '{key}' (known: {})",
+                    Self::KEYS
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Apply a comma-separated `name=value` list (what `-o` takes).
+    pub fn parse(&mut self, list: &str) -> FsResult<()> {
+        for kv in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, v) = kv.split_once('=').ok_or_else(|| {
+                FsError::Invalid(format!("option '{kv}' is not of the form name=value"))
+            })?;
+            self.set(k.trim(), v)?;
+        }
+        Ok(())
+    }
+}
+
 /// What `stat` reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stat {
@@ -792,7 +862,7 @@ impl Vol {
             mode: i.mode,
             uid: i.uid,
             gid: i.gid,
-            nlink: i.nlink(&st.meta),
+            nlink: i.nlink(),
             size,
             blocks: (i.blocks() + reserved) * SECTORS_PER_BLOCK,
             atime_ns: i.atime_ns,
@@ -1148,21 +1218,26 @@ impl Volume {
             .create_node(&mut st, dir, &name, InodeKind::Dir, mode, None)
     }
 
-    /// mkdir -p: every missing directory of `path`.
+    /// mkdir -p: every missing directory of `path`, in one walk.
     pub fn mkdir_all(&self, path: &str, mode: u32) -> FsResult<()> {
-        let mut at = String::new();
-        for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
-            at.push('/');
-            at.push_str(c);
-            match self.mkdir(&at, mode) {
-                Ok(_) => {}
-                Err(FsError::Exists(_)) => {
-                    if self.stat(&at)?.kind != InodeKind::Dir {
-                        return Err(FsError::NotDir(at));
+        let mut st = self.vol.st.lock();
+        let mut cur = ROOT_INO;
+        let mut budget = MAX_SYMLINKS;
+        for c in components(path) {
+            cur = match st.lookup(cur, c) {
+                Ok(ino) => {
+                    let ino = self.vol.follow(&st, cur, ino, &mut budget, path)?;
+                    if !st.inode(ino)?.is_dir() {
+                        return Err(FsError::NotDir(path.to_string()));
                     }
+                    ino
+                }
+                Err(FsError::NotFound(_)) => {
+                    self.vol
+                        .create_node(&mut st, cur, c, InodeKind::Dir, mode, None)?
                 }
                 Err(e) => return Err(e),
-            }
+            };
         }
         Ok(())
     }
@@ -1349,6 +1424,30 @@ impl Volume {
     /// of it is durable.
     pub fn sync(&self) -> FsResult<()> {
         self.vol.sync_all()
+    }
+
+    /// Write the file back and drop its pages from the cache (as `echo 1 >
+    /// drop_caches` does for one file), so the next read comes from the device.
+    /// Returns false, changing nothing, while the file is open.
+    pub fn drop_cache(&self, path: &str) -> FsResult<bool> {
+        let (ino, m) = {
+            let st = self.vol.st.lock();
+            let ino = self.vol.resolve(&st, path, true)?;
+            if st.live.get(&ino).is_some_and(|l| l.open > 0) {
+                return Ok(false);
+            }
+            (ino, self.vol.mapping(&st, ino)?)
+        };
+        self.vol.fsync_ino(ino, &m, false)?;
+        let st = self.vol.st.lock();
+        if st.live.get(&ino).is_some_and(|l| l.open > 0) || m.nr_dirty() > 0 {
+            return Ok(false);
+        }
+        self.vol.icache.lock().remove(&ino);
+        self.vol.bdi.forget_inode(ino);
+        // Only the cache copy goes: the next use builds a new mapping from disk.
+        m.set_size(0);
+        Ok(true)
     }
 
     /// FIEMAP: the file's journaled extents as (file block, device block, blocks).

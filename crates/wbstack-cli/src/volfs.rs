@@ -1,0 +1,122 @@
+//! wbstack's own filesystem as a benchmark target: a `Volume`, freshly made on the
+//! device of a spec, behind the `BenchFs` trait the file-level tools use.
+
+use crate::benchfs::{BenchFile, BenchFs, FlushWait};
+use std::io;
+use std::sync::Arc;
+use wbstack::block::{DiskStats, QueueConfig, RequestQueue};
+use wbstack::fs::{File, FsError, MkfsOptions, MountOptions, OpenOptions, Volume};
+
+/// A fresh wbstack filesystem on a device.
+pub struct VolumeFs {
+    vol: Volume,
+    spec: String,
+}
+
+fn io(e: FsError) -> io::Error {
+    e.to_io()
+}
+
+impl VolumeFs {
+    /// mkfs on the device of `spec`, then mount it with `opts`.
+    pub fn format(spec: &str, opts: MountOptions) -> Result<VolumeFs, String> {
+        let q = RequestQueue::open(spec, QueueConfig::default())?;
+        Volume::mkfs(&q, &MkfsOptions::default()).map_err(|e| format!("mkfs {spec}: {e}"))?;
+        let vol = Volume::mount(q, opts).map_err(|e| format!("mount {spec}: {e}"))?;
+        Ok(VolumeFs {
+            vol,
+            spec: spec.to_string(),
+        })
+    }
+
+    pub fn volume(&self) -> &Volume {
+        &self.vol
+    }
+}
+
+impl BenchFs for VolumeFs {
+    fn name(&self) -> String {
+        format!("wbstack:{}", self.spec)
+    }
+    fn mkdir_all(&self, path: &str) -> io::Result<()> {
+        self.vol.mkdir_all(path, 0o755).map_err(io)
+    }
+    fn create(&self, path: &str) -> io::Result<Box<dyn BenchFile>> {
+        let f = self.vol.create(path).map_err(io)?;
+        Ok(Box::new(VolFile(f)))
+    }
+    fn open(&self, path: &str, write: bool) -> io::Result<Box<dyn BenchFile>> {
+        let o = if write {
+            OpenOptions::read_write()
+        } else {
+            OpenOptions::read()
+        };
+        Ok(Box::new(VolFile(self.vol.open(path, &o).map_err(io)?)))
+    }
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        self.vol.rename(from, to).map_err(io)
+    }
+    fn unlink(&self, path: &str) -> io::Result<()> {
+        self.vol.unlink(path).map_err(io)
+    }
+    fn symlink(&self, target: &str, path: &str) -> io::Result<()> {
+        self.vol.symlink(target, path).map(|_| ()).map_err(io)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.vol.sync().map_err(io)
+    }
+    fn usage(&self) -> io::Result<(u64, u64)> {
+        let s = self.vol.statfs();
+        Ok((s.blocks * s.block_size, (s.blocks - s.free) * s.block_size))
+    }
+    fn disk_stats(&self) -> Option<DiskStats> {
+        Some(self.vol.queue().diskstats())
+    }
+    fn drop_cache(&self, path: &str) -> io::Result<bool> {
+        self.vol.drop_cache(path).map_err(io)
+    }
+    fn extra_stats(&self) -> serde_json::Value {
+        let f = self.vol.bdi().fairness();
+        let j = self.vol.journal_stats();
+        serde_json::json!({
+            "max_rounds_waited": f.max_rounds_waited,
+            "max_first_write_delay_s": f.max_first_write_delay_ns as f64 / 1e9,
+            "writeback_rounds": f.rounds,
+            "writeback_visits": f.visits,
+            "journal": j,
+        })
+    }
+}
+
+struct VolFile(File);
+
+impl BenchFile for VolFile {
+    fn write_at(&mut self, off: u64, buf: &[u8]) -> io::Result<()> {
+        self.0.write_at(off, buf).map(|_| ()).map_err(io)
+    }
+    fn read_at(&mut self, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read_at(off, buf).map_err(io)
+    }
+    fn size(&mut self) -> io::Result<u64> {
+        Ok(self.0.size())
+    }
+    fn fsync(&mut self) -> io::Result<()> {
+        self.0.fsync().map_err(io)
+    }
+    fn start_flush(&mut self) -> io::Result<Box<dyn FlushWait>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "asynchronous flush of wbstack files is not available yet (issue 6)",
+        ))
+    }
+    fn close(self: Box<Self>) -> io::Result<()> {
+        self.0.close().map_err(io)
+    }
+}
+
+/// `--device SPEC` with mount options `opts` (comma-separated name=value).
+pub fn open(spec: &str, opts: &str) -> Result<Arc<dyn BenchFs>, String> {
+    let mut o = MountOptions::default();
+    o.parse(opts).map_err(|e| e.to_string())?;
+    Ok(Arc::new(VolumeFs::format(spec, o)?))
+}
