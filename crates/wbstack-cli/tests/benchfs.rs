@@ -152,13 +152,25 @@ fn async_flushes_complete_after_close_and_on_other_threads() {
 }
 
 #[test]
-fn targets_need_one_and_the_device_backend_says_it_is_not_wired() {
+fn targets_need_one_and_both_kinds_open() {
     let e = benchfs::open_targets(None, None).err().unwrap();
     assert!(e.contains("--dir-path"), "{e}");
-    let e = benchfs::open_targets(Some("sim:ssd"), None).err().unwrap();
-    assert!(e.contains("not wired yet"), "{e}");
+    let e = benchfs::open_targets(Some("sim:ssd,colour=red"), None)
+        .err()
+        .unwrap();
+    assert!(e.contains("colour"), "{e}");
     let dir = tmp();
-    let t = benchfs::open_targets(None, Some(dir.path())).unwrap();
-    assert_eq!(t.len(), 1);
-    assert!(t[0].name().starts_with("dir:"));
+    let t = benchfs::open_targets(Some("sim:ssd,size=64M"), Some(dir.path())).unwrap();
+    assert_eq!(t.len(), 2);
+    assert!(t[0].name().starts_with("wbstack:sim:ssd"));
+    assert!(t[1].name().starts_with("dir:"));
+    // The wbstack target is a working filesystem with device statistics.
+    let mut f = t[0].create("x").unwrap();
+    f.write_at(0, &[7u8; 8192]).unwrap();
+    f.close().unwrap();
+    let before = t[0].disk_stats().unwrap();
+    t[0].sync().unwrap();
+    assert!(t[0].disk_stats().unwrap().delta(&before).writes() >= 1);
+    let (total, used) = t[0].usage().unwrap();
+    assert!(used >= 8192 && used < total);
 }

@@ -258,21 +258,12 @@ fn bad_input_is_a_clear_error() {
     let cases: &[(&[&str], &str)] = &[
         (&["bench", "fsmark", "-d", "x"], "--dir-path"),
         (
-            &["bench", "fsmark", "--device", "sim:ssd", "-d", "x"],
-            "not wired yet",
+            &["bench", "fsmark", "--device", "sim:ssd,bogus=1", "-d", "x"],
+            "bogus",
         ),
         (
-            &[
-                "bench",
-                "fsmark",
-                "--device",
-                "sim:ssd",
-                "--dir-path",
-                d,
-                "-d",
-                "x",
-            ],
-            "not wired yet",
+            &["bench", "fsmark", "--device", "sim:ssd,size=4k", "-d", "x"],
+            "too small",
         ),
         (&["bench", "fsmark", "--dir-path", d], "-d"),
         (
