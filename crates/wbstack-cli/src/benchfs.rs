@@ -77,6 +77,15 @@ pub fn open_targets(
     device: Option<&str>,
     dir_path: Option<&Path>,
 ) -> Result<Vec<Arc<dyn BenchFs>>, String> {
+    open_targets_with(device, "", dir_path)
+}
+
+/// [`open_targets`] with mount options (name=value,...) for the wbstack filesystem.
+pub fn open_targets_with(
+    device: Option<&str>,
+    mount_opts: &str,
+    dir_path: Option<&Path>,
+) -> Result<Vec<Arc<dyn BenchFs>>, String> {
     let mut v = Vec::new();
     if device.is_none() && dir_path.is_none() {
         return Err(
@@ -86,7 +95,7 @@ pub fn open_targets(
         );
     }
     if let Some(spec) = device {
-        v.push(open_device(spec)?);
+        v.push(crate::volfs::open(spec, mount_opts)?);
     }
     if let Some(p) = dir_path {
         v.push(Arc::new(DirFs::new(p)?) as Arc<dyn BenchFs>);

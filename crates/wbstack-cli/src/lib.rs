@@ -6,6 +6,7 @@ pub mod fio;
 pub mod fsmark;
 pub mod hog;
 pub mod lab;
+pub mod labfs;
 pub mod readlat;
 pub mod tardd;
 pub mod util;

@@ -10,6 +10,7 @@ use wbstack_cli::benchfs::{self, BenchFs};
 use wbstack_cli::blkbench::{self, BlkJob, Rw};
 use wbstack_cli::fsmark::{self, FsmarkOpts, SyncMethod};
 use wbstack_cli::lab::{self, LabOpts};
+use wbstack_cli::labfs;
 use wbstack_cli::readlat::{self, ReadlatOpts};
 use wbstack_cli::tardd::{self, TarSource, TarddOpts};
 use wbstack_cli::util::{duration_arg, size_arg};
@@ -36,7 +37,8 @@ enum Cmd {
 
 #[derive(Args)]
 struct LabArgs {
-    /// Experiment to run: inflight. Without one, every experiment runs with --quick.
+    /// Experiment to run: inflight (seed 002), plug (000), expire (001). Without one,
+    /// every experiment runs with --quick.
     experiment: Option<String>,
     /// Small sizes and short runs.
     #[arg(long)]
@@ -74,6 +76,10 @@ struct TargetArgs {
     /// wbstack's filesystem on this device spec (as `bench blk --device`).
     #[arg(long)]
     device: Option<String>,
+    /// Mount options of the wbstack filesystem, name=value,... e.g.
+    /// writeback_plug=0,expire_first=0,cache_size=512M,dirty_ratio=20,commit=5.
+    #[arg(short = 'o', long = "mount-opts", default_value = "")]
+    mount_opts: String,
     /// A directory on a kernel filesystem. With --device too, both run, one after the other.
     #[arg(long)]
     dir_path: Option<PathBuf>,
@@ -84,7 +90,11 @@ struct TargetArgs {
 
 impl TargetArgs {
     fn open(&self) -> Result<Vec<Arc<dyn BenchFs>>, String> {
-        benchfs::open_targets(self.device.as_deref(), self.dir_path.as_deref())
+        benchfs::open_targets_with(
+            self.device.as_deref(),
+            &self.mount_opts,
+            self.dir_path.as_deref(),
+        )
     }
 }
 
@@ -273,14 +283,9 @@ fn run_lab(a: LabArgs) -> Result<(), String> {
     };
     for name in names {
         match name.as_str() {
-            "inflight" => {
-                let e = lab::inflight(&opts)?;
-                if a.json {
-                    println!("{}", serde_json::to_string(&e).map_err(|e| e.to_string())?);
-                } else {
-                    lab::print_inflight(&e);
-                }
-            }
+            "inflight" => emit(&lab::inflight(&opts)?, a.json, lab::print_inflight)?,
+            "plug" => emit(&labfs::plug(&opts)?, a.json, labfs::print_plug)?,
+            "expire" => emit(&labfs::expire(&opts)?, a.json, labfs::print_expire)?,
             other => {
                 return Err(format!(
                     "unknown experiment '{other}' (known: {})",
@@ -288,6 +293,21 @@ fn run_lab(a: LabArgs) -> Result<(), String> {
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// Print one experiment: its JSON object, or its table.
+fn emit<A: serde::Serialize>(
+    e: &lab::Experiment<A>,
+    json: bool,
+    print: fn(&lab::Experiment<A>),
+) -> Result<(), String> {
+    if json {
+        println!("{}", serde_json::to_string(e).map_err(|e| e.to_string())?);
+    } else {
+        print(e);
+        println!();
     }
     Ok(())
 }
