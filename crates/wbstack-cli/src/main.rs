@@ -60,7 +60,7 @@ enum BenchCmd {
     Blk(BlkArgs),
     /// Many adjacent small files written back with writeback_plug on and off (test fs).
     Smallfiles(SmallfilesArgs),
-    /// One buffered writer faster than the device: dirty throttling at work (test fs).
+    /// One buffered writer faster than the device: dirty throttling at work.
     Dirty(DirtyArgs),
     /// fs_mark: threads creating small files, per -S with fsync or async flush (seeds 000, 004).
     Fsmark(FsmarkArgs),
@@ -221,7 +221,8 @@ struct SmallfilesArgs {
 
 #[derive(Args)]
 struct DirtyArgs {
-    #[arg(long, default_value = "sim:ssd,data=0")]
+    /// The device; `data=meta` keeps the filesystem's metadata but not the file's data.
+    #[arg(long, default_value = "sim:ssd,data=meta")]
     device: String,
     /// Bytes written in all.
     #[arg(long, default_value = "2G", value_parser = size_arg)]

@@ -22,7 +22,15 @@ impl VolumeFs {
     pub fn format(spec: &str, opts: MountOptions) -> Result<VolumeFs, String> {
         let q = RequestQueue::open(spec, QueueConfig::default())?;
         Volume::mkfs(&q, &MkfsOptions::default()).map_err(|e| format!("mkfs {spec}: {e}"))?;
-        let vol = Volume::mount(q, opts).map_err(|e| format!("mount {spec}: {e}"))?;
+        let vol = Volume::mount(q, opts).map_err(|e| {
+            let hint = if spec.split(',').any(|o| o == "data=0") {
+                " (a sim device with data=0 keeps nothing, not even the filesystem's \
+                 metadata: use data=meta)"
+            } else {
+                ""
+            };
+            format!("mount {spec}: {e}{hint}")
+        })?;
         Ok(VolumeFs {
             vol,
             spec: spec.to_string(),

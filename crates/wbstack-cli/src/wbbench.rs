@@ -127,6 +127,8 @@ pub struct DirtyReport {
     pub pauses: u64,
     pub pause_max_ms: f64,
     pub pause_mean_ms: f64,
+    /// (upper edge in ms or "inf", count) of pause lengths.
+    pub pause_hist: Vec<(String, u64)>,
     pub device_write_mib_s: f64,
     pub device_busy_pct: f64,
     pub write_bandwidth_est_mib_s: f64,
@@ -134,56 +136,58 @@ pub struct DirtyReport {
     pub samples: Vec<(u64, u64, u64)>,
 }
 
-/// One writer faster than the device: cache throughput below the background threshold,
-/// then dirty pages against the thresholds while IO-less throttling paces it.
+/// One writer faster than the device, writing one file on wbstack's filesystem: cache
+/// throughput below the background threshold, then dirty pages against the thresholds
+/// while IO-less throttling paces it.
 pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<DirtyReport, String> {
-    if bs == 0 {
-        return Err("--bs must be positive".into());
+    use wbstack::writeback::wb::PAUSE_BUCKETS_MS;
+    if bs == 0 || bs > 1 << 30 {
+        return Err("--bs must be from 1 byte to 1 GiB".into());
     }
-    let wb = WbConfig::default();
-    let cache = CacheConfig {
-        cache_size: cache_bytes,
-        ..Default::default()
-    };
-    let region = size.div_ceil(4096);
-    let v = Arc::new(TestVolume::open(
+    let fs = crate::volfs::VolumeFs::format(
         device,
-        QueueConfig::default(),
-        cache,
-        wb,
-        region,
-    )?);
-    if size > v.q.geometry().size_bytes {
+        wbstack::fs::MountOptions {
+            cache: CacheConfig {
+                cache_size: cache_bytes,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )?;
+    let v = fs.volume();
+    if size > v.statfs().available * 4096 {
         return Err(format!(
-            "--size {size} is larger than the device ({} bytes)",
-            v.q.geometry().size_bytes
+            "--size {size} is larger than the filesystem's free space ({} bytes)",
+            v.statfs().available * 4096
         ));
     }
-    let (thresh, bg) = v.bdi.thresholds();
+    let bdi = v.bdi().clone();
+    let cache = v.cache().clone();
+    let q = v.queue().clone();
+    let (thresh, bg) = bdi.thresholds();
     let freerun = (thresh + bg) / 2;
     let setpoint = (freerun + thresh) / 2;
     let stop = Arc::new(AtomicBool::new(false));
-    let (v2, s2) = (v.clone(), stop.clone());
+    let (c2, s2) = (cache.clone(), stop.clone());
     let t0 = Instant::now();
     let sampler = std::thread::spawn(move || {
         let mut samples = Vec::new();
         let mut peak = 0u64;
         let mut next = 0u64;
         while !s2.load(Ordering::Relaxed) {
-            let d = v2.cache.nr_dirty();
+            let d = c2.nr_dirty();
             peak = peak.max(d);
             let ms = t0.elapsed().as_millis() as u64;
             if ms >= next {
-                samples.push((ms, d, v2.cache.nr_writeback()));
+                samples.push((ms, d, c2.nr_writeback()));
                 next = ms + 100;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         (samples, peak)
     });
-    let f = v.file(0);
+    let f = v.create("/dirty").map_err(|e| e.to_string())?;
     let buf = vec![0xa5u8; bs as usize];
-    let before = v.q.diskstats();
     let mut off = 0u64;
     // Phase 1: below the background threshold, the cache alone sets the pace.
     let below = bg * 4096 * 9 / 10;
@@ -195,21 +199,36 @@ pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<Dirty
     let cache_secs = t1.elapsed().as_secs_f64();
     let cache_bytes_written = off;
     let t2 = Instant::now();
-    let dev_before = v.q.diskstats();
+    let dev_before = q.diskstats();
+    let mut last_progress = Instant::now();
     while off < size {
         let n = bs.min(size - off) as usize;
         f.write_at(off, &buf[..n]).map_err(|e| e.to_string())?;
         off += n as u64;
+        if last_progress.elapsed().as_secs() >= 1 {
+            eprint!("\r  dirty: {} of {} MiB   ", off >> 20, size >> 20);
+            last_progress = Instant::now();
+        }
     }
+    eprint!("\r{:40}\r", "");
     let throttled_secs = t2.elapsed().as_secs_f64();
-    let dev = v.q.diskstats().delta(&dev_before);
+    let dev = q.diskstats().delta(&dev_before);
     stop.store(true, Ordering::Relaxed);
     let (samples, peak) = sampler.join().map_err(|_| "sampler thread failed")?;
     let total_secs = t0.elapsed().as_secs_f64();
-    let s = v.bdi.stats();
-    let _ = before;
-    v.bdi.sync().map_err(|e| e.to_string())?;
+    let s = bdi.stats();
+    f.close().map_err(|e| e.to_string())?;
+    v.sync().map_err(|e| e.to_string())?;
     let mib = (1u64 << 20) as f64;
+    let mut pause_hist: Vec<(String, u64)> = PAUSE_BUCKETS_MS
+        .iter()
+        .map(|e| format!("<{e}ms"))
+        .zip(s.pause_hist.iter().copied())
+        .collect();
+    pause_hist.push((
+        format!(">={}ms", PAUSE_BUCKETS_MS[PAUSE_BUCKETS_MS.len() - 1]),
+        s.pause_hist[PAUSE_BUCKETS_MS.len()],
+    ));
     Ok(DirtyReport {
         device: device.into(),
         size,
@@ -224,6 +243,7 @@ pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<Dirty
         pauses: s.pauses,
         pause_max_ms: s.pause_ns_max as f64 / 1e6,
         pause_mean_ms: s.pause_ns_total as f64 / s.pauses.max(1) as f64 / 1e6,
+        pause_hist,
         device_write_mib_s: dev.sectors[1] as f64 * 512.0 / throttled_secs.max(1e-9) / mib,
         device_busy_pct: dev.io_ticks_ms as f64 / (throttled_secs * 1000.0).max(1e-9) * 100.0,
         write_bandwidth_est_mib_s: s.avg_write_bandwidth as f64 * 4096.0 / mib,
@@ -233,7 +253,7 @@ pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<Dirty
 
 pub fn print_dirty(r: &DirtyReport) {
     println!(
-        "dirty: {} size={} MiB bs={} KiB cache={} MiB",
+        "dirty: one writer on wbstack's filesystem on {}: {} MiB in {} KiB writes, page cache {} MiB",
         r.device,
         r.size >> 20,
         r.bs >> 10,
@@ -255,14 +275,34 @@ pub fn print_dirty(r: &DirtyReport) {
         "  pauses: {}  mean {:.1} ms  max {:.1} ms",
         r.pauses, r.pause_mean_ms, r.pause_max_ms
     );
+    let hist: Vec<String> = r
+        .pause_hist
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(e, n)| format!("{e}: {n}"))
+        .collect();
+    println!("  pause lengths: {}", hist.join("  "));
     println!(
         "  device: {:.1} MiB/s while throttled, busy {:.1}%  (estimated write bandwidth {:.1} MiB/s)",
         r.device_write_mib_s, r.device_busy_pct, r.write_bandwidth_est_mib_s
     );
-    println!("  dirty pages over time (ms: dirty / writeback):");
+    println!("  dirty pages over time (ms: dirty / writeback; | marks bg, setpoint, limit):");
     let step = (r.samples.len() / 20).max(1);
+    let scale = |p: u64| (p * 50 / r.dirty_limit_pages.max(1)) as usize;
     for (t, d, w) in r.samples.iter().step_by(step) {
-        let bar = "#".repeat((*d * 50 / r.dirty_limit_pages.max(1)) as usize);
-        println!("  {t:>7} {d:>8} {w:>8} |{bar:<50}|");
+        let mut bar: Vec<char> = std::iter::repeat_n('#', scale(*d).min(60))
+            .chain(std::iter::repeat(' '))
+            .take(52)
+            .collect();
+        for m in [r.bg_thresh_pages, r.setpoint_pages, r.dirty_limit_pages] {
+            let i = scale(m).min(51);
+            if bar[i] == ' ' {
+                bar[i] = '|';
+            }
+        }
+        println!(
+            "  {t:>7} {d:>8} {w:>8} {}",
+            bar.into_iter().collect::<String>()
+        );
     }
 }

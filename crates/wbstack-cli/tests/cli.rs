@@ -198,7 +198,7 @@ fn bench_smallfiles_and_dirty_json() {
         "bench",
         "dirty",
         "--device",
-        "sim:ssd,data=0,size=4G",
+        "sim:ssd,data=meta,size=4G",
         "--size",
         "96M",
         "--cache",
@@ -223,8 +223,12 @@ fn bench_smallfiles_and_dirty_json() {
         "--size",
         "1T",
         "--device",
-        "sim:ssd,size=1G,data=0",
+        "sim:ssd,size=1G,data=meta",
     ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("larger than the device"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("larger than the filesystem"));
+    // A device that keeps nothing cannot hold a filesystem: say so, and what to use.
+    let out = wbstack(&["bench", "dirty", "--device", "sim:ssd,size=1G,data=0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("data=meta"));
 }

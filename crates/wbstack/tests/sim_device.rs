@@ -598,3 +598,22 @@ fn bad_specs_are_errors() {
     )
     .unwrap();
 }
+
+#[test]
+fn data_meta_keeps_only_meta_writes() {
+    let q = wbstack::block::RequestQueue::open("sim:ssd,size=64M,data=meta", Default::default())
+        .unwrap();
+    let meta = IoBuf::from_slice(&[0x11u8; 4096]);
+    let data = IoBuf::from_slice(&[0x22u8; 4096]);
+    q.write_sync(0, meta, BioFlags::META).unwrap();
+    q.write_sync(8, data, BioFlags::empty()).unwrap();
+    assert_eq!(
+        q.read_sync(0, 4096).unwrap().as_slice(),
+        &[0x11u8; 4096][..]
+    );
+    assert_eq!(q.read_sync(8, 4096).unwrap().as_slice(), &[0u8; 4096][..]);
+    let e = wbstack::block::RequestQueue::open("sim:ssd,data=some", Default::default())
+        .err()
+        .unwrap();
+    assert!(e.contains("data=some") && e.contains("meta"), "{e}");
+}

@@ -21,7 +21,8 @@
 //!   the previous one ended pays only the transfer.
 //!
 //! Both kinds take `seed=1` (every random decision: rotation, spikes, torn sectors),
-//! `data=1` (`data=0` keeps no data and reads return zeros, for multi-GiB benchmarks),
+//! `data=1` (`data=0` keeps no data and reads return zeros, for multi-GiB benchmarks;
+//! `data=meta` keeps only writes flagged META, so a filesystem's metadata survives),
 //! the faults `eio=START-END`, `eio_after=N`, `spike=PROB:DUR` (see the methods of the
 //! same names on [`SimDevice`]), and `cut_after=N` with `torn=0|1` (see
 //! [`SimDevice::power_cut_after`]).
@@ -433,21 +434,47 @@ impl Data {
     }
 }
 
+/// What the simulated media keeps (`data=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DataMode {
+    /// Every write (`data=1`).
+    All,
+    /// Nothing: reads return zeros (`data=0`, block-level benchmarks of many GiB).
+    None,
+    /// Only writes flagged META (`data=meta`): a filesystem's superblock, journal and
+    /// checkpoints persist while its file data costs no memory, so a filesystem can
+    /// run a multi-GiB benchmark and still mount.
+    Meta,
+}
+
 struct Shared {
-    keep_data: bool,
+    data_mode: DataMode,
     wc: bool,
     seed: u64,
     data: Mutex<Data>,
 }
 
 impl Shared {
+    /// Whether the media keeps what `rq` writes.
+    fn keeps(&self, rq: &Request) -> bool {
+        match self.data_mode {
+            DataMode::All => true,
+            DataMode::None => false,
+            DataMode::Meta => rq.flags.contains(BioFlags::META),
+        }
+    }
+
+    fn keeps_any(&self) -> bool {
+        self.data_mode != DataMode::None
+    }
+
     /// Complete `rq` on the media, or fail it if the power went out under it.
     fn finish(&self, rq: &mut Request, done: &SimDone, cut: bool) -> BlkResult {
         let mut guard = self.data.lock();
         let d = &mut *guard;
         if cut || d.dark || d.epoch != done.epoch {
             let this_outage = d.dark && d.epoch == done.epoch;
-            if this_outage && d.torn_cut && !done.doomed && rq.op == Op::Write && self.keep_data {
+            if this_outage && d.torn_cut && !done.doomed && rq.op == Op::Write && self.keeps(rq) {
                 self.tear_in_flight(d, rq, done.id);
             }
             return Err(BlkError::PowerLoss);
@@ -461,7 +488,7 @@ impl Shared {
             Op::Read => {
                 let mut sector = rq.sector;
                 for b in rq.buffers_mut() {
-                    if self.keep_data {
+                    if self.keeps_any() {
                         d.current.read(sector, b.as_mut_slice());
                     } else {
                         b.as_mut_slice().fill(0);
@@ -474,7 +501,7 @@ impl Shared {
                 if rq.flags.contains(BioFlags::PREFLUSH) {
                     d.flush();
                 }
-                if !self.keep_data {
+                if !self.keeps(rq) {
                     return;
                 }
                 let durable_now = !self.wc || rq.flags.contains(BioFlags::FUA);
@@ -501,7 +528,7 @@ impl Shared {
                 }
             }
             Op::Discard => {
-                if !self.keep_data {
+                if self.data_mode != DataMode::All {
                     return;
                 }
                 let nr = rq.nr_sectors as u64;
@@ -693,7 +720,16 @@ impl SimDevice {
             })
         };
         let seed = spec.u64("seed", 1)?;
-        let keep_data = spec.bool("data", true)?;
+        let data_mode = match spec.str_opt("data").as_deref() {
+            None | Some("1" | "on" | "yes" | "true") => DataMode::All,
+            Some("0" | "off" | "no" | "false") => DataMode::None,
+            Some("meta") => DataMode::Meta,
+            Some(v) => {
+                return Err(spec.err(format!(
+                    "data={v}: expected 1 (keep all), 0 (keep nothing) or meta (keep META writes)"
+                )))
+            }
+        };
         let mut faults = Faults::default();
         if let Some(v) = spec.str_opt("eio") {
             faults.eio.push(EioRange {
@@ -726,7 +762,7 @@ impl SimDevice {
         let mut torn_rng = ChaCha8Rng::seed_from_u64(seed);
         torn_rng.set_stream(STREAM_TORN_UNFLUSHED);
         let shared = Arc::new(Shared {
-            keep_data,
+            data_mode,
             wc: geo.write_cache,
             seed,
             data: Mutex::new(Data {
@@ -816,7 +852,7 @@ impl SimDevice {
         let d = &mut *guard;
         d.dark = true;
         d.torn_cut = torn;
-        if torn && self.shared.keep_data {
+        if torn && self.shared.keeps_any() {
             d.tear_unflushed();
         }
         d.current = d.durable.clone();

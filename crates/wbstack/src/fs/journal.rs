@@ -77,16 +77,16 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
     q.write_sync(
         sector(sb.checkpoint[0].0),
         IoBuf::from_slice(&ckpt),
-        BioFlags::empty(),
+        BioFlags::META,
     )?;
     // Whatever a previous filesystem left in slot B and the journal is recognised as
     // foreign by its fs_id anyway; clearing their first blocks keeps fsck's report clean.
     let zero = IoBuf::zeroed(BLOCK_SIZE);
-    q.write_sync(sector(sb.checkpoint[1].0), zero.clone(), BioFlags::empty())?;
-    q.write_sync(sector(sb.journal_start), zero, BioFlags::empty())?;
+    q.write_sync(sector(sb.checkpoint[1].0), zero.clone(), BioFlags::META)?;
+    q.write_sync(sector(sb.journal_start), zero, BioFlags::META)?;
     let enc = sb.encode();
     for b in SB_BLOCKS {
-        q.write_sync(sector(b), IoBuf::from_slice(&enc), BioFlags::empty())?;
+        q.write_sync(sector(b), IoBuf::from_slice(&enc), BioFlags::META)?;
     }
     q.flush_sync()?;
     Ok(sb)
@@ -325,7 +325,7 @@ impl Volume {
         q.write_sync(
             sector(l.sb.checkpoint[slot].0),
             IoBuf::from_slice(&ckpt),
-            BioFlags::PREFLUSH | BioFlags::FUA,
+            BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
         )?;
         trace::emit(
             "fs_mount",
@@ -520,7 +520,7 @@ impl Vol {
         } else {
             None
         };
-        let flags = BioFlags::PREFLUSH | BioFlags::FUA;
+        let flags = BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META;
         let (res, bytes, new_head, new_slot) = match payload {
             Payload::Nothing if need_barrier => {
                 (self.q.flush_sync().map_err(FsError::from), 0, head, None)

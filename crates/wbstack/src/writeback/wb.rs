@@ -143,7 +143,13 @@ pub struct WbStats {
     pub write_bandwidth: u64,
     pub avg_write_bandwidth: u64,
     pub dirty_ratelimit: u64,
+    /// Pauses by length: bucket i counts pauses shorter than `PAUSE_BUCKETS_MS[i]`
+    /// (and at least the previous edge); the last counts the rest.
+    pub pause_hist: [u64; PAUSE_BUCKETS_MS.len() + 1],
 }
+
+/// Upper edges (ms) of the pause-length buckets of [`WbStats::pause_hist`].
+pub const PAUSE_BUCKETS_MS: [u64; 9] = [1, 2, 5, 10, 20, 50, 100, 150, 200];
 
 thread_local! {
     static TASK: RefCell<TaskState> = RefCell::new(TaskState::default());
@@ -384,6 +390,9 @@ impl Bdi {
                     s.pauses += 1;
                     s.pause_ns_total += d.pause_ns;
                     s.pause_ns_max = s.pause_ns_max.max(d.pause_ns);
+                    let ms = d.pause_ns / NSEC_PER_MSEC;
+                    let b = PAUSE_BUCKETS_MS.partition_point(|&edge| edge <= ms);
+                    s.pause_hist[b] += 1;
                 }
                 self.last_dirty_sleep.store(now, Ordering::Relaxed);
                 crate::block::flush_plug();
