@@ -1,5 +1,6 @@
 //! The `wbstack` tools: benchmarks and the lab of seed experiments.
 
+pub mod admin;
 pub mod benchfs;
 pub mod blkbench;
 pub mod fio;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use wbstack::block::IoStatsMode;
+use wbstack_cli::admin;
 use wbstack_cli::benchfs::{self, BenchFs};
 use wbstack_cli::blkbench::{self, BlkJob, Rw};
 use wbstack_cli::fsmark::{self, FsmarkOpts, SyncMethod};
@@ -33,6 +34,31 @@ enum Cmd {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Make a filesystem on an image (a file path or device spec).
+    Mkfs(MkfsArgs),
+    /// Check a filesystem image; exit 0 clean, 4 problems found, 8 not checkable.
+    Fsck(ImageArgs),
+    /// Mount an image (replaying its journal), print its usage, unmount.
+    Info(ImageArgs),
+}
+
+#[derive(Args)]
+struct MkfsArgs {
+    /// A file path (created sparse with --size) or a device spec.
+    image: String,
+    /// Size of the image file to create or extend (e.g. 4G, 100T).
+    #[arg(long, value_parser = size_arg)]
+    size: Option<u64>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ImageArgs {
+    /// A file path or device spec.
+    image: String,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -520,6 +546,36 @@ fn run_readlat(a: ReadlatArgs) -> Result<(), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
+        Cmd::Mkfs(a) => admin::mkfs(&a.image, a.size).and_then(|r| {
+            if a.json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+            } else {
+                admin::print_mkfs(&r);
+            }
+            Ok(())
+        }),
+        Cmd::Fsck(a) => match admin::check(&a.image) {
+            Ok((r, code)) => {
+                if a.json {
+                    println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                } else {
+                    admin::print_fsck(&a.image, &r);
+                }
+                return ExitCode::from(code);
+            }
+            Err(e) => {
+                eprintln!("wbstack fsck: {e}");
+                return ExitCode::from(8);
+            }
+        },
+        Cmd::Info(a) => admin::info(&a.image).and_then(|r| {
+            if a.json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+            } else {
+                admin::print_info(&r);
+            }
+            Ok(())
+        }),
         Cmd::Lab(a) => run_lab(a),
         Cmd::Bench(BenchCmd::Blk(a)) => run_blk(a),
         Cmd::Bench(BenchCmd::Smallfiles(a)) => {

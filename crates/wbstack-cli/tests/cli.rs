@@ -232,3 +232,38 @@ fn bench_smallfiles_and_dirty_json() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("data=meta"));
 }
+
+#[test]
+fn mkfs_fsck_info_on_an_image_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let img = img.to_str().unwrap();
+    let v = json(&wbstack(&["mkfs", img, "--size", "64M", "--json"]));
+    assert_eq!(v["size_bytes"].as_u64(), Some(64 << 20));
+    let out = wbstack(&["fsck", img]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("clean"));
+    let v = json(&wbstack(&["info", img, "--json"]));
+    assert_eq!(v["files"].as_u64(), Some(1));
+    // Damage both superblock copies: fsck says what is wrong and exits non-zero; info
+    // (a mount) refuses with the reason and the advice to run fsck.
+    let mut bytes = std::fs::read(img).unwrap();
+    bytes[20] ^= 0xff;
+    bytes[4096 + 20] ^= 0xff;
+    std::fs::write(img, &bytes).unwrap();
+    let out = wbstack(&["fsck", img]);
+    assert_eq!(out.status.code(), Some(8));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("checksum"), "{text}");
+    let out = wbstack(&["info", img]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("checksum") && err.contains("fsck"), "{err}");
+    assert!(!err.contains("panicked"));
+    // A file that is not a filesystem at all.
+    let junk = dir.path().join("junk.img");
+    std::fs::write(&junk, vec![0x5au8; 1 << 20]).unwrap();
+    let out = wbstack(&["fsck", junk.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(8));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not a wbstack image"));
+}
