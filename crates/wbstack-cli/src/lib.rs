@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod benchfs;
 pub mod blkbench;
+pub mod crashtest;
 pub mod fio;
 pub mod fsmark;
 pub mod hog;

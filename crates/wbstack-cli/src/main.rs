@@ -40,6 +40,42 @@ enum Cmd {
     Fsck(ImageArgs),
     /// Mount an image (replaying its journal), print its usage, unmount.
     Info(ImageArgs),
+    /// Cut the power of a simulated device under a mixed workload, again and again, and
+    /// check that every fsync's promise survived, nothing is garbage and fsck is clean.
+    Crashtest(CrashtestArgs),
+}
+
+#[derive(Args)]
+struct CrashtestArgs {
+    /// A simulated device: sim:ssd or sim:hdd[,options] (size defaults to 64M; crashtest
+    /// sets seed and the cut itself).
+    #[arg(long, default_value = "sim:ssd")]
+    device: String,
+    /// Power cuts, each on a fresh filesystem.
+    #[arg(long, default_value_t = 20)]
+    cuts: u64,
+    /// Seed of the first cut; cut i uses SEED+i, so --seed S --cuts 1 replays cut S.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Workload operations per cut, all threads together.
+    #[arg(long, default_value_t = 400)]
+    ops: u64,
+    /// Workload threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// What an acknowledged fsync covers of the namespace: global (every operation done
+    /// before it) or inode (the file's own changes, as ext4 promises).
+    #[arg(long, default_value = "global", value_parser = wbstack_cli::crashtest::FsyncRule::parse)]
+    fsync_rule: wbstack_cli::crashtest::FsyncRule,
+    /// Mount options (name=value,...) on top of crashtest's short intervals.
+    #[arg(short = 'o', long = "options", default_value = "")]
+    options: String,
+    /// Journal commit interval in milliseconds.
+    #[arg(long, default_value_t = 20)]
+    commit_ms: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -576,6 +612,23 @@ fn main() -> ExitCode {
             }
             Ok(())
         }),
+        Cmd::Crashtest(a) => {
+            let o = wbstack_cli::crashtest::CrashOpts {
+                device: a.device,
+                cuts: a.cuts,
+                seed: a.seed,
+                ops: a.ops,
+                threads: a.threads,
+                rule: a.fsync_rule,
+                mount_opts: a.options,
+                commit_ms: a.commit_ms,
+                progress: true,
+            };
+            match wbstack_cli::crashtest::cli(&o, a.json) {
+                Ok(code) => return ExitCode::from(code),
+                Err(e) => Err(e),
+            }
+        }
         Cmd::Lab(a) => run_lab(a),
         Cmd::Bench(BenchCmd::Blk(a)) => run_blk(a),
         Cmd::Bench(BenchCmd::Smallfiles(a)) => {
