@@ -736,10 +736,17 @@ fn check_file(
     }
     v.garbage_blocks_exposed += garbage_blocks.len() as u64;
     v.fsynced_bytes_lost += lost_sectors.len() as u64 * SECTOR;
-    if let Some((s, what)) = lost_sectors.first() {
+    if !lost_sectors.is_empty() {
+        let shown: Vec<String> = lost_sectors
+            .iter()
+            .take(8)
+            .map(|(s, what)| format!("{s} ({what})"))
+            .collect();
         v.note(format!(
-            "inode {ino}: {} fsynced sector(s) lost, the first {s} ({what})",
-            lost_sectors.len()
+            "inode {ino}: {} fsynced sector(s) lost: {}{}",
+            lost_sectors.len(),
+            shown.join(", "),
+            if lost_sectors.len() > 8 { ", ..." } else { "" }
         ));
     }
 }
@@ -870,6 +877,8 @@ struct ProbeState {
     unflushed: (u64, u64),
     landing: Option<Landing>,
     ops: Arc<AtomicU64>,
+    /// Cut when the n-th request to this area from now enters the device.
+    trigger: Option<(Area, u64)>,
 }
 
 impl ProbeState {
@@ -931,6 +940,11 @@ impl Probe {
         self.sim().power_cut_after(n, true);
     }
 
+    /// Cut when the next request to `area` enters the device (it is torn with the rest).
+    fn arm_on(&self, area: Area) {
+        self.st.lock().trigger = Some((area, 1));
+    }
+
     fn cut_now(&self) {
         self.st.lock().snapshot();
         self.sim().power_cut(true);
@@ -953,6 +967,7 @@ impl Device for Probe {
         self.inner.spec()
     }
     fn queue_rq(&self, rq: Request, done: &Completer) {
+        let mut fire = false;
         let id = {
             let mut s = self.st.lock();
             let area = match (rq.op, s.layout) {
@@ -960,6 +975,15 @@ impl Device for Probe {
                 (_, Some(l)) => l.area(rq.sector),
                 (_, None) => Area::Superblock,
             };
+            if let Some((a, left)) = s.trigger.as_mut() {
+                if *a == area {
+                    *left -= 1;
+                    if *left == 0 {
+                        s.trigger = None;
+                        fire = true;
+                    }
+                }
+            }
             let id = s.next_id;
             s.next_id += 1;
             s.inflight.insert(
@@ -979,6 +1003,10 @@ impl Device for Probe {
             id,
             done: done.clone(),
         });
+        if fire {
+            // This very request is the one inside the device when the power goes.
+            self.sim().power_cut_after(1, true);
+        }
         self.inner.queue_rq(rq, &d);
     }
     fn commit_rqs(&self, hctx: u16) {
@@ -1039,6 +1067,12 @@ pub enum Mode {
     /// At operation `at`, arm for `n` requests and fsync (or sync): the cut lands inside
     /// its writeback, cache flush or commit.
     Fsync,
+    /// At operation `at`, arm for the next journal write: the cut lands on a commit
+    /// (PREFLUSH|FUA) in flight.
+    Journal,
+    /// When the journal is nearly full, arm for the next write to a checkpoint slot:
+    /// the cut lands on the checkpoint that empties the journal.
+    Checkpoint,
     /// After all operations, arm for `n` requests and sync.
     End,
 }
@@ -1056,9 +1090,11 @@ impl CutPlan {
         let r = rng.gen_range(0..100);
         let at = rng.gen_range(0..ops.max(1));
         let (mode, n) = match r {
-            0..40 => (Mode::Io, rng.gen_range(1..=48)),
-            40..65 => (Mode::Now, 0),
-            65..85 => (Mode::Fsync, rng.gen_range(1..=12)),
+            0..30 => (Mode::Io, rng.gen_range(1..=48)),
+            30..45 => (Mode::Now, 0),
+            45..60 => (Mode::Fsync, rng.gen_range(1..=12)),
+            60..75 => (Mode::Journal, 1),
+            75..88 => (Mode::Checkpoint, 1),
             _ => (Mode::End, rng.gen_range(1..=24)),
         };
         CutPlan {
@@ -1281,6 +1317,10 @@ impl Model {
 struct Ctx {
     vol: Volume,
     probe: Arc<Probe>,
+    /// Journal blocks written since mount at which the next commit checkpoints.
+    ckpt_at: u64,
+    /// The operation at which the cut was armed or made (u64::MAX: not yet).
+    placed_at: AtomicU64,
     model: Mutex<Model>,
     next_op: Arc<AtomicU64>,
     versions: AtomicU64,
@@ -1288,7 +1328,9 @@ struct Ctx {
     plan: CutPlan,
 }
 
-fn do_op(ctx: &Ctx, rng: &mut ChaCha8Rng, kind: Kind) -> FsResult<()> {
+/// One operation of `kind`; `last` is the file this thread wrote last (applications
+/// mostly fsync what they just wrote, which is also what makes fsync commit).
+fn do_op(ctx: &Ctx, rng: &mut ChaCha8Rng, kind: Kind, last: &mut Option<u64>) -> FsResult<()> {
     let vol = &ctx.vol;
     let mut m = ctx.model.lock();
     let kind = match kind {
@@ -1447,6 +1489,7 @@ fn do_op(ctx: &Ctx, rng: &mut ChaCha8Rng, kind: Kind) -> FsResult<()> {
             let start = m.log.len();
             let room = m.budget.saturating_sub(m.live_bytes());
             drop(m);
+            *last = Some(ino);
             write(ctx, rng, kind, ino, &h, &lock, start, room)
         }
         Kind::Truncate => {
@@ -1472,7 +1515,10 @@ fn do_op(ctx: &Ctx, rng: &mut ChaCha8Rng, kind: Kind) -> FsResult<()> {
             Ok(())
         }
         Kind::Fsync | Kind::Fdatasync => {
-            let ino = m.pick_file(rng, false).unwrap();
+            let ino = match *last {
+                Some(i) if m.files[&i].alive() && rng.gen_ratio(3, 4) => i,
+                _ => m.pick_file(rng, false).unwrap(),
+            };
             let h = m.handle(vol, ino)?;
             let data = kind == Kind::Fdatasync;
             let id = m.log.start_barrier(if data {
@@ -1610,16 +1656,32 @@ const MAX_UNEXPECTED: usize = 20;
 
 fn worker(ctx: Arc<Ctx>, thread: u64, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(mix(seed ^ mix(thread + 1)));
+    let mut last = None;
     loop {
         let j = ctx.next_op.fetch_add(1, Ordering::SeqCst);
         if j >= ctx.ops {
             break;
         }
         let mut kind = pick_kind(&mut rng);
-        if j == ctx.plan.at {
+        let place = match ctx.plan.mode {
+            Mode::Checkpoint => {
+                let js = ctx.vol.journal_stats();
+                js.checkpoints > 0 || js.bytes / BLOCK + 4 >= ctx.ckpt_at
+            }
+            Mode::End => false,
+            _ => j == ctx.plan.at,
+        };
+        let first = place
+            && ctx
+                .placed_at
+                .compare_exchange(u64::MAX, j, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok();
+        if first {
             match ctx.plan.mode {
                 Mode::Io => ctx.probe.arm(ctx.plan.n),
                 Mode::Now => ctx.probe.cut_now(),
+                Mode::Journal => ctx.probe.arm_on(Area::Journal),
+                Mode::Checkpoint => ctx.probe.arm_on(Area::Checkpoint),
                 Mode::Fsync => {
                     ctx.probe.arm(ctx.plan.n);
                     kind = if rng.gen_ratio(1, 4) {
@@ -1634,7 +1696,7 @@ fn worker(ctx: Arc<Ctx>, thread: u64, seed: u64) {
         if !ctx.probe.powered() {
             break;
         }
-        if let Err(e) = do_op(&ctx, &mut rng, kind) {
+        if let Err(e) = do_op(&ctx, &mut rng, kind, &mut last) {
             // After the cut, operations fail: that is the device dying, not a bug.
             if !ctx.probe.powered() {
                 break;
@@ -1657,6 +1719,8 @@ pub struct CutReport {
     /// Replays this cut: `--seed SEED --cuts 1` (with the same other flags).
     pub seed: u64,
     pub plan: Option<CutPlan>,
+    /// The operation at which the cut was armed or made (None: after the workload).
+    pub placed_at: Option<u64>,
     /// Workload operations started (all threads).
     pub ops: u64,
     pub log_entries: usize,
@@ -1760,7 +1824,7 @@ impl Default for CrashOpts {
             device: "sim:ssd".into(),
             cuts: 20,
             seed: 1,
-            ops: 400,
+            ops: 3000,
             threads: 2,
             rule: FsyncRule::Global,
             mount_opts: String::new(),
@@ -1894,6 +1958,8 @@ fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result<(), String
     let ctx = Arc::new(Ctx {
         vol,
         probe: probe.clone(),
+        ckpt_at: sb.journal_blocks * 3 / 4,
+        placed_at: AtomicU64::new(u64::MAX),
         model: Mutex::new(Model {
             log: Log::new(),
             root,
@@ -1925,11 +1991,15 @@ fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result<(), String
     if probe.powered() {
         // End mode, or an armed cut that the workload did not send enough requests to
         // reach: sync, with the cut armed, so it lands inside the sync's IO.
-        if plan.mode == Mode::End {
-            probe.arm(plan.n);
+        if ctx.placed_at.load(Ordering::SeqCst) == u64::MAX {
+            match plan.mode {
+                Mode::Journal => probe.arm_on(Area::Journal),
+                Mode::Checkpoint => {}
+                _ => probe.arm(plan.n),
+            }
         }
         let mut rng = ChaCha8Rng::seed_from_u64(mix(seed ^ 0xe4d));
-        if let Err(e) = do_op(&ctx, &mut rng, Kind::Sync) {
+        if let Err(e) = do_op(&ctx, &mut rng, Kind::Sync, &mut None) {
             if probe.powered() {
                 ctx.model.lock().unexpected.push(format!("final sync: {e}"));
             }
@@ -1939,6 +2009,8 @@ fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result<(), String
         }
     }
     rep.ops = next_op.load(Ordering::SeqCst).min(o.ops);
+    let placed = ctx.placed_at.load(Ordering::SeqCst);
+    rep.placed_at = (placed != u64::MAX).then_some(placed);
     let js = ctx.vol.journal_stats();
     rep.journal_commits = js.commits;
     rep.journal_checkpoints = js.checkpoints;
@@ -2049,6 +2121,8 @@ pub struct Landed {
     pub mode_io: u64,
     pub mode_now: u64,
     pub mode_fsync: u64,
+    pub mode_journal: u64,
+    pub mode_checkpoint: u64,
     pub mode_end: u64,
 }
 
@@ -2122,6 +2196,8 @@ impl Summary {
             Some(Mode::Io) => d.mode_io += 1,
             Some(Mode::Now) => d.mode_now += 1,
             Some(Mode::Fsync) => d.mode_fsync += 1,
+            Some(Mode::Journal) => d.mode_journal += 1,
+            Some(Mode::Checkpoint) => d.mode_checkpoint += 1,
             Some(Mode::End) => d.mode_end += 1,
             None => {}
         }
@@ -2153,11 +2229,14 @@ fn validate(o: &CrashOpts) -> Result<(), String> {
 }
 
 fn progress_line(r: &CutReport, total: u64) -> String {
+    let at = r.placed_at.map_or("end".to_string(), |a| a.to_string());
     let plan = match r.plan {
         Some(p) => match p.mode {
-            Mode::Io => format!("io@{}+{}", p.at, p.n),
-            Mode::Now => format!("now@{}", p.at),
-            Mode::Fsync => format!("fsync@{}+{}", p.at, p.n),
+            Mode::Io => format!("io@{at}+{}", p.n),
+            Mode::Now => format!("now@{at}"),
+            Mode::Fsync => format!("fsync@{at}+{}", p.n),
+            Mode::Journal => format!("commit@{at}"),
+            Mode::Checkpoint => format!("ckpt@{at}"),
             Mode::End => format!("end+{}", p.n),
         },
         None => "-".into(),
@@ -2254,8 +2333,8 @@ pub fn print_human(s: &Summary) {
     );
     let l = &s.landed;
     println!(
-        "  placed: io {} / now {} / in fsync {} / at end {}",
-        l.mode_io, l.mode_now, l.mode_fsync, l.mode_end
+        "  placed: after n requests {} / now {} / in an fsync {} / on a commit {} / on a checkpoint {} / at the end {}",
+        l.mode_io, l.mode_now, l.mode_fsync, l.mode_journal, l.mode_checkpoint, l.mode_end
     );
     println!(
         "  landed with in flight: journal {}, checkpoint {}, data {}, flush {}, superblock {}; a commit/flush (PREFLUSH|FUA) {}; nothing {}; unflushed writes in the cache {}",
@@ -2294,7 +2373,7 @@ pub fn print_human(s: &Summary) {
             println!(
                 "  placed {:?} at op {} (n={}); landed at op {}: {}",
                 p.mode,
-                p.at,
+                f.placed_at.map_or("end".to_string(), |a| a.to_string()),
                 p.n,
                 f.landing.op,
                 f.landing.describe()

@@ -57,8 +57,9 @@ struct CrashtestArgs {
     /// Seed of the first cut; cut i uses SEED+i, so --seed S --cuts 1 replays cut S.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Workload operations per cut, all threads together.
-    #[arg(long, default_value_t = 400)]
+    /// Workload operations per cut, all threads together (about 2,300 fill the journal
+    /// of a 64M device, so a checkpoint happens).
+    #[arg(long, default_value_t = 3000)]
     ops: u64,
     /// Workload threads.
     #[arg(long, default_value_t = 2)]
