@@ -559,8 +559,11 @@ pub fn check(log: &Log, rec: &Recovered, rule: FsyncRule) -> Verdict {
         for (&ino, content) in &rec.files {
             check_file(ino, content, es, p, &jbefore, &acked, &vers, &mut d);
         }
-        let bad =
-            d.fsynced_bytes_lost + d.garbage_sectors + d.stale_sectors_exposed + d.size_errors;
+        // In sectors (and files, for sizes), so no kind of violation outweighs another.
+        let bad = d.fsynced_bytes_lost / SECTOR
+            + d.garbage_sectors
+            + d.stale_sectors_exposed
+            + d.size_errors;
         if best.as_ref().is_none_or(|(b, _)| bad < *b) {
             best = Some((bad, d));
         }

@@ -13,6 +13,410 @@ use wbstack::dev::{self, Completer, DeviceRef, RqComplete};
 use wbstack::fs::fsck::fsck;
 use wbstack::fs::{MkfsOptions, MountOptions, OpenOptions, Volume};
 
+// ---------------------------------------------------------------------------------
+// The checker, fed states with known violations.
+
+use wbstack_cli::crashtest::{
+    check, classify, sector_image, Barrier, CrashOpts, Entry, FsyncRule, Log, Recovered, Sector,
+    Verdict,
+};
+
+const ROOT: u64 = 1;
+
+fn create(log: &mut Log, dir: u64, name: &str, ino: u64) {
+    log.push(Entry::Create {
+        dir,
+        name: name.into(),
+        ino,
+        is_dir: false,
+    });
+}
+
+fn write(log: &mut Log, ino: u64, sector: u64, sectors: u64, ver: u64) {
+    let start = log.len();
+    log.push(Entry::Write {
+        ino,
+        sector,
+        sectors,
+        ver,
+        start,
+        ok: true,
+    });
+}
+
+fn fsync(log: &mut Log, ino: u64) {
+    let id = log.start_barrier(Barrier::Fsync(ino));
+    log.ack_barrier(id);
+}
+
+/// A file's content: version `vers[s]` of each sector s (0: zeros).
+fn content(ino: u64, vers: &[u64]) -> Vec<u8> {
+    let mut v = Vec::new();
+    for (s, &ver) in vers.iter().enumerate() {
+        if ver == 0 {
+            v.extend_from_slice(&[0u8; 512]);
+        } else {
+            v.extend_from_slice(&sector_image(ino, s as u64, ver));
+        }
+    }
+    v
+}
+
+fn recovered(entries: &[(u64, &str, u64)], files: Vec<(u64, Vec<u8>)>) -> Recovered {
+    Recovered {
+        entries: entries
+            .iter()
+            .map(|&(d, n, i)| (d, n.to_string(), i, false))
+            .collect(),
+        files: files.into_iter().collect(),
+    }
+}
+
+fn assert_clean(v: &Verdict) {
+    assert!(v.clean(), "{v:#?}");
+}
+
+/// /f (inode 2): version 1 of sectors 0..8, fsynced.
+fn one_fsynced_file() -> Log {
+    let mut log = Log::new();
+    create(&mut log, ROOT, "f", 2);
+    write(&mut log, 2, 0, 8, 1);
+    fsync(&mut log, 2);
+    log
+}
+
+#[test]
+fn sectors_describe_themselves() {
+    let img = sector_image(7, 3, 9);
+    assert_eq!(
+        classify(&img),
+        Sector::Written {
+            ino: 7,
+            idx: 3,
+            ver: 9
+        }
+    );
+    assert_eq!(classify(&[0u8; 512]), Sector::Zero);
+    assert_eq!(
+        classify(&img[..100]),
+        Sector::Written {
+            ino: 7,
+            idx: 3,
+            ver: 9
+        },
+        "the head of a sector at the end of a file"
+    );
+    for pos in [0, 9, 17, 30, 200, 511] {
+        let mut bad = img;
+        bad[pos] ^= 0x40;
+        assert_eq!(classify(&bad), Sector::Garbage, "byte {pos} flipped");
+    }
+    // Same inode and sector, another version: other bytes.
+    assert_ne!(sector_image(7, 3, 10)[..], img[..]);
+}
+
+#[test]
+fn the_recovered_state_that_matches_passes() {
+    let log = one_fsynced_file();
+    let r = recovered(&[(ROOT, "f", 2)], vec![(2, content(2, &[1; 8]))]);
+    let v = check(&log, &r, FsyncRule::Global);
+    assert_clean(&v);
+    assert_eq!(v.prefix, Some(1));
+}
+
+#[test]
+fn a_lost_fsynced_sector_is_counted() {
+    let log = one_fsynced_file();
+    let mut vers = [1u64; 8];
+    vers[3] = 0;
+    let r = recovered(&[(ROOT, "f", 2)], vec![(2, content(2, &vers))]);
+    let v = check(&log, &r, FsyncRule::Global);
+    assert_eq!(v.fsynced_bytes_lost, 512, "{v:#?}");
+    assert_eq!(v.garbage_blocks_exposed, 0);
+    // A file shorter than what was fsynced lost its tail.
+    let r = recovered(&[(ROOT, "f", 2)], vec![(2, content(2, &[1; 4]))]);
+    assert_eq!(check(&log, &r, FsyncRule::Global).fsynced_bytes_lost, 2048);
+}
+
+#[test]
+fn an_older_version_than_the_fsynced_one_is_lost_data() {
+    let mut log = one_fsynced_file();
+    write(&mut log, 2, 0, 8, 2);
+    fsync(&mut log, 2);
+    let mut vers = [2u64; 8];
+    vers[5] = 1;
+    let r = recovered(&[(ROOT, "f", 2)], vec![(2, content(2, &vers))]);
+    let v = check(&log, &r, FsyncRule::Global);
+    assert_eq!(v.fsynced_bytes_lost, 512, "{v:#?}");
+}
+
+#[test]
+fn a_torn_overwrite_of_fsynced_data_is_fine() {
+    let mut log = one_fsynced_file();
+    write(&mut log, 2, 2, 4, 2); // in place, never fsynced
+    let r = recovered(
+        &[(ROOT, "f", 2)],
+        vec![(2, content(2, &[1, 1, 2, 1, 2, 2, 1, 1]))],
+    );
+    assert_clean(&check(&log, &r, FsyncRule::Global));
+    // Unfsynced data may be missing (a hole), but never older than the fsync.
+    let mut log = Log::new();
+    create(&mut log, ROOT, "f", 2);
+    write(&mut log, 2, 0, 8, 1);
+    let r = recovered(&[(ROOT, "f", 2)], vec![(2, content(2, &[1, 0, 0, 1]))]);
+    assert_clean(&check(&log, &r, FsyncRule::Global));
+}
+
+#[test]
+fn garbage_is_counted_by_block() {
+    let log = one_fsynced_file();
+    let mut bytes = content(2, &[1; 8]);
+    // Another inode's sector, this inode's sector at another offset, noise.
+    bytes[512..1024].copy_from_slice(&sector_image(9, 1, 1));
+    bytes[1024..1536].copy_from_slice(&sector_image(2, 5, 1));
+    bytes[3584..4096].copy_from_slice(&[0x5a; 512]);
+    let r = recovered(&[(ROOT, "f", 2)], vec![(2, bytes)]);
+    let v = check(&log, &r, FsyncRule::Global);
+    assert_eq!(v.garbage_sectors, 3, "{v:#?}");
+    assert_eq!(v.garbage_blocks_exposed, 1, "all three in block 0");
+    assert_eq!(v.fsynced_bytes_lost, 3 * 512, "they were fsynced too");
+    // In a file never fsynced: garbage all the same, nothing lost.
+    let mut log = Log::new();
+    create(&mut log, ROOT, "g", 3);
+    write(&mut log, 3, 0, 16, 4);
+    let mut bytes = content(3, &[4; 16]);
+    bytes[4096..4608].copy_from_slice(&sector_image(3, 8, 5)); // version 5 never existed
+    let v = check(
+        &log,
+        &recovered(&[(ROOT, "g", 3)], vec![(3, bytes)]),
+        FsyncRule::Global,
+    );
+    assert_eq!((v.garbage_blocks_exposed, v.fsynced_bytes_lost), (1, 0));
+}
+
+#[test]
+fn a_tree_after_no_prefix_is_caught() {
+    let mut log = Log::new();
+    create(&mut log, ROOT, "a", 2);
+    create(&mut log, ROOT, "b", 3);
+    let r = recovered(&[(ROOT, "b", 3)], vec![(3, Vec::new())]);
+    let v = check(&log, &r, FsyncRule::Inode);
+    assert!(v.namespace_not_prefix, "{v:#?}");
+    assert!(!v.clean());
+    // Either prefix is fine: nothing was fsynced.
+    for tree in [vec![], vec![(ROOT, "a", 2)]] {
+        let files = tree.iter().map(|&(_, _, i)| (i, Vec::new())).collect();
+        assert_clean(&check(&log, &recovered(&tree, files), FsyncRule::Global));
+    }
+}
+
+#[test]
+fn operations_an_fsync_covered_must_be_there() {
+    let mut log = one_fsynced_file();
+    create(&mut log, ROOT, "b", 3);
+    fsync(&mut log, 2); // /f unchanged since its last fsync
+    let only_f = recovered(&[(ROOT, "f", 2)], vec![(2, content(2, &[1; 8]))]);
+    let v = check(&log, &only_f, FsyncRule::Global);
+    assert_eq!(v.fsynced_ops_lost, 1, "{v:#?}");
+    assert_eq!(v.fsynced_ops_lost_inode_rule, 0);
+    // The inode rule asks only for /f's own changes.
+    assert_clean(&check(&log, &only_f, FsyncRule::Inode));
+    // A rename of the fsynced file itself is covered under both rules.
+    log.push(Entry::Rename {
+        from_dir: ROOT,
+        from: "f".into(),
+        to_dir: ROOT,
+        to: "b".into(),
+        ino: 2,
+        victim: Some(3),
+    });
+    fsync(&mut log, 2);
+    let before = recovered(
+        &[(ROOT, "f", 2), (ROOT, "b", 3)],
+        vec![(2, content(2, &[1; 8])), (3, Vec::new())],
+    );
+    let v = check(&log, &before, FsyncRule::Inode);
+    assert_eq!(v.fsynced_ops_lost, 1, "{v:#?}");
+    let after = recovered(&[(ROOT, "b", 2)], vec![(2, content(2, &[1; 8]))]);
+    assert_clean(&check(&log, &after, FsyncRule::Inode));
+}
+
+#[test]
+fn sync_covers_every_file() {
+    let mut log = Log::new();
+    create(&mut log, ROOT, "a", 2);
+    write(&mut log, 2, 0, 4, 1);
+    create(&mut log, ROOT, "b", 3);
+    write(&mut log, 3, 0, 4, 2);
+    let id = log.start_barrier(Barrier::Sync);
+    log.ack_barrier(id);
+    let r = recovered(
+        &[(ROOT, "a", 2), (ROOT, "b", 3)],
+        vec![(2, content(2, &[1; 4])), (3, content(3, &[2, 2, 0, 2]))],
+    );
+    assert_eq!(check(&log, &r, FsyncRule::Inode).fsynced_bytes_lost, 512);
+    // Without the ack, nothing was promised.
+    log.entries.pop();
+    assert_clean(&check(&log, &r, FsyncRule::Inode));
+}
+
+#[test]
+fn truncated_data_must_not_come_back() {
+    let mut log = one_fsynced_file();
+    log.push(Entry::Truncate { ino: 2, size: 1024 });
+    log.push(Entry::Truncate { ino: 2, size: 4096 });
+    create(&mut log, ROOT, "g", 3); // durable, so both truncates are
+    let r = |vers: &[u64]| {
+        recovered(
+            &[(ROOT, "f", 2), (ROOT, "g", 3)],
+            vec![(2, content(2, vers)), (3, Vec::new())],
+        )
+    };
+    let v = check(&log, &r(&[1, 1, 1, 1, 0, 0, 0, 0]), FsyncRule::Global);
+    assert_eq!(v.stale_sectors_exposed, 2, "{v:#?}");
+    assert_clean(&check(
+        &log,
+        &r(&[1, 1, 0, 0, 0, 0, 0, 0]),
+        FsyncRule::Global,
+    ));
+    // Longer than the file ever was since the truncate down.
+    let v = check(&log, &r(&[1, 1, 0, 0, 0, 0, 0, 0, 0, 0]), FsyncRule::Global);
+    assert_eq!(v.size_errors, 1, "{v:#?}");
+    // If the truncates are not durable (no /g), the fsynced data must be whole.
+    let mut log = one_fsynced_file();
+    log.push(Entry::Truncate { ino: 2, size: 1024 });
+    create(&mut log, ROOT, "g", 3);
+    let f_only = |vers: &[u64]| recovered(&[(ROOT, "f", 2)], vec![(2, content(2, vers))]);
+    assert_clean(&check(&log, &f_only(&[1; 8]), FsyncRule::Global));
+    let v = check(&log, &f_only(&[1, 1, 1, 1, 1, 0, 0, 0]), FsyncRule::Global);
+    assert_eq!(v.fsynced_bytes_lost, 3 * 512, "{v:#?}");
+}
+
+#[test]
+fn hard_links_and_renames_over_files_are_one_inode() {
+    let mut log = Log::new();
+    create(&mut log, ROOT, "a", 2);
+    write(&mut log, 2, 0, 2, 1);
+    log.push(Entry::Link {
+        dir: ROOT,
+        name: "l".into(),
+        ino: 2,
+    });
+    create(&mut log, ROOT, "b", 3);
+    log.push(Entry::Rename {
+        from_dir: ROOT,
+        from: "a".into(),
+        to_dir: ROOT,
+        to: "b".into(),
+        ino: 2,
+        victim: Some(3),
+    });
+    fsync(&mut log, 2);
+    let r = recovered(
+        &[(ROOT, "l", 2), (ROOT, "b", 2)],
+        vec![(2, content(2, &[1, 1]))],
+    );
+    assert_clean(&check(&log, &r, FsyncRule::Global));
+    // The other inode's data under a name of this one is garbage.
+    let r = recovered(
+        &[(ROOT, "l", 2), (ROOT, "b", 2)],
+        vec![(2, content(3, &[1, 1]))],
+    );
+    assert_eq!(check(&log, &r, FsyncRule::Global).garbage_blocks_exposed, 1);
+}
+
+#[test]
+fn a_write_that_failed_may_show_but_is_never_required() {
+    let mut log = one_fsynced_file();
+    let start = log.len();
+    log.push(Entry::Write {
+        ino: 2,
+        sector: 0,
+        sectors: 12,
+        ver: 2,
+        start,
+        ok: false,
+    });
+    fsync(&mut log, 2);
+    for vers in [
+        [1u64; 8].to_vec(),
+        vec![2; 12],
+        vec![2, 1, 2, 1, 1, 1, 1, 1, 0, 2],
+    ] {
+        let r = recovered(&[(ROOT, "f", 2)], vec![(2, content(2, &vers))]);
+        assert_clean(&check(&log, &r, FsyncRule::Global));
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Real cuts.
+
+fn small(cuts: u64, rule: FsyncRule) -> CrashOpts {
+    CrashOpts {
+        cuts,
+        seed: 11,
+        ops: 300,
+        rule,
+        ..CrashOpts::default()
+    }
+}
+
+#[test]
+fn real_cuts_run_mount_and_check() {
+    // What holds of the library as it is: every cut mounts, fsck is clean, the tree is
+    // a prefix, nothing hangs, and the figures add up.
+    let s = wbstack_cli::crashtest::run(&small(4, FsyncRule::Inode)).unwrap();
+    assert_eq!(s.cuts, 4);
+    assert_eq!(
+        (
+            s.mount_failures,
+            s.fsck_errors,
+            s.namespace_not_prefix,
+            s.hangs
+        ),
+        (0, 0, 0, 0),
+        "{s:#?}"
+    );
+    assert!(s.ops > 0 && s.fsyncs_acked > 0);
+    assert_eq!(s.failed_cuts as usize, s.failures.len());
+    let modes = &s.landed;
+    assert_eq!(
+        modes.mode_io
+            + modes.mode_now
+            + modes.mode_fsync
+            + modes.mode_journal
+            + modes.mode_checkpoint
+            + modes.mode_end,
+        4
+    );
+}
+
+#[test]
+#[ignore = "library bugs: flush-only commits end the journal, truncate's partial block, sync skipping a redirtied inode, sync failing on a deleted inode (see the tests above)"]
+fn ten_cuts_pass_with_zeros() {
+    let s = wbstack_cli::crashtest::run(&small(10, FsyncRule::Inode)).unwrap();
+    assert_eq!(s.failed_cuts, 0, "{:#?}", s.failures);
+    assert_eq!(
+        (
+            s.fsynced_bytes_lost,
+            s.garbage_blocks_exposed,
+            s.fsck_errors
+        ),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn cut_plans_are_a_function_of_the_seed() {
+    use wbstack_cli::crashtest::CutPlan;
+    let a = format!("{:?}", CutPlan::new(5, 3000));
+    assert_eq!(a, format!("{:?}", CutPlan::new(5, 3000)));
+    let modes: std::collections::BTreeSet<String> = (0..200)
+        .map(|s| format!("{:?}", CutPlan::new(s, 3000).mode))
+        .collect();
+    assert_eq!(modes.len(), 6, "every placement is used: {modes:?}");
+}
+
 fn sim(q: &Arc<RequestQueue>) -> &SimDevice {
     q.device().as_any().downcast_ref::<SimDevice>().unwrap()
 }
@@ -308,4 +712,80 @@ fn sync_is_not_failed_by_a_file_deleted_meanwhile() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     churn.join().unwrap();
     assert!(failures.is_empty(), "sync failed: {failures:?}");
+}
+
+// ---------------------------------------------------------------------------------
+// The command line.
+
+fn wbstack(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_wbstack"))
+        .args(args)
+        .output()
+        .expect("run wbstack")
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    for (args, says) in [
+        (vec!["--device", "null"], "sim:ssd or sim:hdd"),
+        (vec!["--device", "sim:ssd,cut_after=3"], "cut_after"),
+        (vec!["--device", "sim:ssd,seed=4"], "--seed"),
+        (vec!["--device", "sim:ssd,data=0"], "data=1"),
+        (vec!["--device", "sim:ssd,bogus=1"], "bogus"),
+        (vec!["--cuts", "0"], "--cuts"),
+        (vec!["--threads", "0"], "--threads"),
+        (vec!["--ops", "0"], "--ops"),
+        (vec!["--fsync-rule", "sometimes"], "global or inode"),
+        (vec!["-o", "nonsense=1"], "nonsense"),
+    ] {
+        let mut a = vec!["crashtest"];
+        a.extend(&args);
+        let out = wbstack(&a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn json_has_the_figures_and_the_exit_code_follows_them() {
+    let out = wbstack(&[
+        "crashtest",
+        "--cuts",
+        "2",
+        "--ops",
+        "200",
+        "--seed",
+        "3",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    for k in [
+        "cuts",
+        "fsynced_bytes_lost",
+        "garbage_blocks_exposed",
+        "fsck_errors",
+        "mount_failures",
+        "fsynced_ops_lost",
+        "failed_cuts",
+        "landed",
+    ] {
+        assert!(!v[k].is_null(), "{k} missing: {v}");
+    }
+    assert_eq!(v["cuts"], 2);
+    let failed = v["failed_cuts"].as_u64().unwrap();
+    assert_eq!(out.status.code(), Some(if failed > 0 { 1 } else { 0 }));
+    // Progress went to stderr, one line per cut.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with('[')).count(),
+        2,
+        "{err}"
+    );
 }
