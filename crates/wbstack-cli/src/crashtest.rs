@@ -515,41 +515,20 @@ pub fn check(log: &Log, rec: &Recovered, rule: FsyncRule) -> Verdict {
     v.required_prefix = need;
     v.required_prefix_inode_rule = need_inode;
 
-    let positions: Vec<Option<usize>> = match candidates.last() {
-        None => {
-            v.namespace_not_prefix = true;
-            v.note(format!(
-                "the recovered tree ({} entries) is the tree after no prefix of the {} journaled operations",
-                rec.entries.len(),
-                j
-            ));
-            vec![None]
-        }
-        Some(&best) if best < need => {
-            v.fsynced_ops_lost = need - best;
-            v.fsynced_ops_lost_inode_rule = need_inode.saturating_sub(best);
-            v.note(format!(
-                "the recovered tree is the tree after {best} journaled operations, but acknowledged barriers covered {need}{}",
-                if best >= need_inode {
-                    format!(" (only the global rule asks for more than {need_inode})")
-                } else {
-                    String::new()
-                }
-            ));
-            // Judge the data at every prefix the tree allows: which truncates were
-            // durable is not known.
-            candidates.iter().rev().map(|&p| Some(p)).collect()
-        }
-        Some(_) => candidates
-            .iter()
-            .rev()
-            .filter(|&&p| p >= need)
-            .map(|&p| Some(p))
-            .collect(),
-    };
+    if candidates.is_empty() {
+        v.namespace_not_prefix = true;
+        v.note(format!(
+            "the recovered tree ({} entries) is the tree after no prefix of the {} journaled operations",
+            rec.entries.len(),
+            j
+        ));
+    }
 
-    // The data, judged at each admissible prefix (they differ in which truncates are
-    // durable); the first clean one wins, else the least bad.
+    // The data, judged at every prefix the tree allows (they differ in which truncates
+    // are durable), longest first. The verdict is the most charitable reading: clean
+    // data at an admissible prefix passes; clean data only at a shorter one means
+    // covered operations (truncates among them) were lost, not that the data is bad;
+    // otherwise the least bad admissible prefix, or the least bad of all.
     let vers: HashMap<u64, (u64, u64, u64)> = es
         .iter()
         .filter_map(|e| match e {
@@ -563,7 +542,12 @@ pub fn check(log: &Log, rec: &Recovered, rule: FsyncRule) -> Verdict {
             _ => None,
         })
         .collect();
-    let mut best: Option<(u64, Verdict)> = None;
+    let positions: Vec<Option<usize>> = if candidates.is_empty() {
+        vec![None]
+    } else {
+        candidates.iter().rev().map(|&p| Some(p)).collect()
+    };
+    let mut judged: Vec<(u64, Verdict)> = Vec::new();
     for p in positions {
         let mut d = Verdict {
             prefix: p,
@@ -577,14 +561,37 @@ pub fn check(log: &Log, rec: &Recovered, rule: FsyncRule) -> Verdict {
             + d.garbage_sectors
             + d.stale_sectors_exposed
             + d.size_errors;
-        if best.as_ref().is_none_or(|(b, _)| bad < *b) {
-            best = Some((bad, d));
-        }
-        if bad == 0 {
+        let done = bad == 0 && p.is_none_or(|p| p >= need);
+        judged.push((bad, d));
+        if done {
             break;
         }
     }
-    if let Some((_, d)) = best {
+    let admissible = |d: &Verdict| d.prefix.is_none_or(|p| p >= need);
+    let least = |it: &mut dyn Iterator<Item = &(u64, Verdict)>| {
+        it.min_by_key(|(bad, d)| (*bad, std::cmp::Reverse(d.prefix)))
+            .cloned()
+    };
+    let chosen = judged
+        .iter()
+        .find(|(bad, d)| *bad == 0 && admissible(d))
+        .or_else(|| judged.iter().find(|(bad, _)| *bad == 0))
+        .cloned()
+        .or_else(|| least(&mut judged.iter().filter(|(_, d)| admissible(d))))
+        .or_else(|| least(&mut judged.iter()));
+    if let Some((_, d)) = chosen {
+        if let Some(p) = d.prefix.filter(|&p| p < need) {
+            v.fsynced_ops_lost = need - p;
+            v.fsynced_ops_lost_inode_rule = need_inode.saturating_sub(p);
+            v.note(format!(
+                "the recovered state is the state after {p} journaled operations, but acknowledged barriers covered {need}{}",
+                if p >= need_inode {
+                    format!(" (only the global rule asks for more than {need_inode})")
+                } else {
+                    String::new()
+                }
+            ));
+        }
         v.prefix = d.prefix;
         v.fsynced_bytes_lost = d.fsynced_bytes_lost;
         v.garbage_blocks_exposed = d.garbage_blocks_exposed;

@@ -293,6 +293,32 @@ fn truncated_data_must_not_come_back() {
 }
 
 #[test]
+fn a_lost_covered_truncate_is_lost_operations_not_stale_data() {
+    // The tree cannot tell whether the truncate is durable; the data says it is not.
+    // Under the global rule the fsync of /g covered it: that is one lost operation.
+    let mut log = Log::new();
+    create(&mut log, ROOT, "f", 2);
+    write(&mut log, 2, 0, 8, 1);
+    create(&mut log, ROOT, "g", 3);
+    fsync(&mut log, 2);
+    log.push(Entry::Truncate { ino: 2, size: 0 });
+    fsync(&mut log, 3);
+    let r = recovered(
+        &[(ROOT, "f", 2), (ROOT, "g", 3)],
+        vec![(2, content(2, &[1; 8])), (3, Vec::new())],
+    );
+    let v = check(&log, &r, FsyncRule::Global);
+    assert_eq!(v.prefix_candidates, vec![2, 3]);
+    assert_eq!(
+        (v.fsynced_ops_lost, v.fsynced_ops_lost_inode_rule),
+        (1, 0),
+        "{v:#?}"
+    );
+    assert_eq!((v.stale_sectors_exposed, v.size_errors), (0, 0), "{v:#?}");
+    assert_clean(&check(&log, &r, FsyncRule::Inode));
+}
+
+#[test]
 fn hard_links_and_renames_over_files_are_one_inode() {
     let mut log = Log::new();
     create(&mut log, ROOT, "a", 2);
