@@ -30,6 +30,9 @@
 //! given set of writes. It does not fix how the threads interleave, nor when the
 //! flusher and the committer run (real time), so a replay hits the same kind of moment,
 //! not always the same one; with `--threads 1` only the background threads vary.
+//!
+//! `CRASHTEST_DEBUG=1` prints, for every failing cut, the whole operation log, the
+//! recovered tree and fsck's notes on stderr.
 
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};

@@ -815,3 +815,49 @@ fn json_has_the_figures_and_the_exit_code_follows_them() {
         "{err}"
     );
 }
+
+#[test]
+#[ignore = "library bug: writepages (WB_SYNC_ALL) flushes the plug while holding the mapping's lock; a device completing inline (here: a power cut failing every request in flight) ends a write of that mapping on the same thread, which deadlocks"]
+fn a_cut_during_syncs_plug_flush_does_not_deadlock() {
+    let (q, v) = fresh("sim:ssd,size=64M");
+    let v = Arc::new(v);
+    // B is dirtied first, so sync's pass visits it first and leaves its write in the
+    // pass's plug.
+    let b = v.create("/b").unwrap();
+    b.write_at(0, &[2u8; 4096]).unwrap();
+    let a = Arc::new(v.create("/a").unwrap());
+    a.write_at(0, &[1u8; 4096]).unwrap();
+    // A's page goes under writeback and stays inside the device...
+    sim(&q).hold(true);
+    let fsync = {
+        let a = a.clone();
+        std::thread::spawn(move || a.fsync())
+    };
+    let t0 = Instant::now();
+    while sim(&q).pending() == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "A's write never reached the device"
+        );
+        std::thread::yield_now();
+    }
+    // ...and is dirtied again, so sync must wait for that write before writing it anew.
+    a.write_at(0, &[3u8; 4096]).unwrap();
+    // The next request into the device cuts the power: B's, when sync flushes its plug
+    // in A's wait; the cut completes every request in flight, A's included, inline.
+    sim(&q).power_cut_after(1, true);
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let v = v.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(v.sync().is_err());
+        });
+    }
+    let synced = rx.recv_timeout(Duration::from_secs(10));
+    assert!(
+        synced.is_ok(),
+        "sync() did not return within 10 s after the power cut (deadlock)"
+    );
+    assert!(fsync.join().unwrap().is_err(), "A's write was cut");
+    drop(b);
+}
