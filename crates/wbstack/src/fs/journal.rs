@@ -370,6 +370,8 @@ impl Volume {
             committer: Mutex::new(None),
             unmounted: AtomicBool::new(false),
             barrier_started: AtomicU64::new(0),
+            sb_err: crate::mm::ErrSeq::new(),
+            sync_since: Mutex::new(0),
         });
         *aops.vol.lock() = Arc::downgrade(&vol);
         let weak = Arc::downgrade(&vol);
@@ -600,6 +602,7 @@ impl Vol {
     }
 
     fn abort(&self, why: String) {
+        self.sb_err.set(libc::EIO);
         self.st.lock().aborted = Some(why.clone());
         self.jn.lock().error = Some(why);
         self.jcv.notify_all();
@@ -647,15 +650,19 @@ impl Vol {
         r.map_err(FsError::from)
     }
 
-    /// fsync / fdatasync of one inode.
+    /// fsync / fdatasync of one inode, reporting writeback errors through the file's
+    /// errseq cursor `since` (file_write_and_wait_range, then the journal).
     pub(super) fn fsync_ino(
         &self,
         ino: u64,
         mapping: &crate::mm::Mapping,
         datasync: bool,
+        since: &Mutex<u32>,
     ) -> FsResult<()> {
-        let r = mapping.write_and_wait(0, u64::MAX);
-        let err = mapping.take_error();
+        let r = mapping.write_and_wait_keep_errors(0, u64::MAX);
+        let e = mapping.wb_err().check_and_advance(&mut since.lock());
+        r?;
+        super::volume::errno_result(e)?;
         let (tid, gen) = {
             let st = self.st.lock();
             st.live.get(&ino).map_or((0, None), |l| {
@@ -665,12 +672,7 @@ impl Vol {
                 )
             })
         };
-        self.journal_wait(tid, gen)?;
-        r?;
-        if let Some(e) = err {
-            return Err(e.into());
-        }
-        Ok(())
+        self.journal_wait(tid, gen)
     }
 
     pub(super) fn unmount(&self) -> FsResult<()> {

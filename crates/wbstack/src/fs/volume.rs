@@ -20,7 +20,7 @@ use super::format::{InodeKind, Record, Superblock, BLOCK_SIZE};
 use super::meta::{valid_name, ApplyMode, Inode, Meta, NAME_MAX, ROOT_INO, TARGET_MAX};
 use crate::block::{BlkError, BlkResult, RequestQueue};
 use crate::clock::ClockRef;
-use crate::mm::{AddressSpaceOps, CacheConfig, Mapping, PageCache};
+use crate::mm::{AddressSpaceOps, CacheConfig, ErrSeq, Mapping, PageCache};
 use crate::writeback::{Bdi, WbConfig};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -471,6 +471,11 @@ pub(super) struct Vol {
     pub unmounted: AtomicBool,
     /// Mirror of `jn.barrier_started`, read by completions without the journal lock.
     pub barrier_started: AtomicU64,
+    /// The volume's writeback error sequence (`sb->s_wb_err`): any inode's write
+    /// error, and a failed journal write; syncfs reports it once per caller.
+    pub sb_err: ErrSeq,
+    /// The cursor of `Volume::sync` (the mount's own "file").
+    pub sync_since: Mutex<u32>,
 }
 
 /// The filesystem's side of the page cache (`AddressSpaceOps`).
@@ -687,7 +692,8 @@ impl AddressSpaceOps for Aops {
                 let _ = st.meta.alloc.free(blk + alive, inf.len - alive);
             }
         }
-        if status.is_err() {
+        if let Err(e) = status {
+            vol.sb_err.set(e.errno());
             return;
         }
         let written_end = ((index + n) * PAGE).min(i_size);
@@ -719,6 +725,19 @@ pub struct File {
     write: bool,
     append: bool,
     closed: AtomicBool,
+    /// errseq cursors sampled at open (f_wb_err, f_sb_err); shared with this file's
+    /// asynchronous flushes, which report through them too.
+    wb_since: Arc<Mutex<u32>>,
+    sb_since: Arc<Mutex<u32>>,
+}
+
+/// An errseq report as a result.
+pub(super) fn errno_result(e: i32) -> FsResult<()> {
+    match e {
+        0 => Ok(()),
+        libc::ENOSPC => Err(FsError::NoSpace),
+        _ => Err(FsError::Io),
+    }
 }
 
 /// Split a path into its components (empty ones and "." dropped).
@@ -1105,6 +1124,8 @@ impl Vol {
         let f = File {
             vol: self.clone(),
             ino,
+            wb_since: Arc::new(Mutex::new(mapping.wb_err().sample())),
+            sb_since: Arc::new(Mutex::new(self.sb_err.sample())),
             mapping,
             read: o.read,
             write: o.write,
@@ -1421,9 +1442,16 @@ impl Volume {
     }
 
     /// syncfs: write back every dirty page, then commit the journal; returns once all
-    /// of it is durable.
+    /// of it is durable, with any writeback error of the volume since the last
+    /// `Volume::sync` (reported once; each `File::syncfs` has its own cursor).
     pub fn sync(&self) -> FsResult<()> {
-        self.vol.sync_all()
+        let r = self.vol.sync_all();
+        let e = self
+            .vol
+            .sb_err
+            .check_and_advance(&mut self.vol.sync_since.lock());
+        r?;
+        errno_result(e)
     }
 
     /// Write the file back and drop its pages from the cache (as `echo 1 >
@@ -1438,7 +1466,8 @@ impl Volume {
             }
             (ino, self.vol.mapping(&st, ino)?)
         };
-        self.vol.fsync_ino(ino, &m, false)?;
+        self.vol
+            .fsync_ino(ino, &m, false, &Mutex::new(m.wb_err().sample()))?;
         let st = self.vol.st.lock();
         if st.live.get(&ino).is_some_and(|l| l.open > 0) || m.nr_dirty() > 0 {
             return Ok(false);
@@ -1448,6 +1477,14 @@ impl Volume {
         // Only the cache copy goes: the next use builds a new mapping from disk.
         m.set_size(0);
         Ok(true)
+    }
+
+    /// The page-cache mapping of the file at `path` (for tests and tools that need
+    /// the cache's own view, e.g. its legacy error bit).
+    pub fn mapping_of(&self, path: &str) -> FsResult<Arc<Mapping>> {
+        let st = self.vol.st.lock();
+        let ino = self.vol.resolve(&st, path, true)?;
+        self.vol.mapping(&st, ino)
     }
 
     /// FIEMAP: the file's journaled extents as (file block, device block, blocks).
@@ -1537,14 +1574,26 @@ impl File {
     /// from transactions it took part in) are durable when this returns Ok.
     pub fn fsync(&self) -> FsResult<()> {
         self.usable()?;
-        self.vol.fsync_ino(self.ino, &self.mapping, false)
+        self.vol
+            .fsync_ino(self.ino, &self.mapping, false, &self.wb_since)
     }
 
     /// fdatasync: like fsync but does not wait for a commit that changes only
     /// timestamps.
     pub fn fdatasync(&self) -> FsResult<()> {
         self.usable()?;
-        self.vol.fsync_ino(self.ino, &self.mapping, true)
+        self.vol
+            .fsync_ino(self.ino, &self.mapping, true, &self.wb_since)
+    }
+
+    /// syncfs(2) on this file's volume: everything durable, then any writeback error
+    /// of the volume since this file last checked (or was opened), once.
+    pub fn syncfs(&self) -> FsResult<()> {
+        self.usable()?;
+        let r = self.vol.sync_all();
+        let e = self.vol.sb_err.check_and_advance(&mut self.sb_since.lock());
+        r?;
+        errno_result(e)
     }
 
     /// close(2). Dropping the file does the same, ignoring errors.
