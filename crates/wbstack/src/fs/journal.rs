@@ -355,6 +355,7 @@ impl Volume {
                 live: HashMap::new(),
                 inflight: HashMap::new(),
                 aborted: None,
+                ordered: Vec::new(),
             }),
             icache: Mutex::new(HashMap::new()),
             jn: Mutex::new(JState {
@@ -372,6 +373,8 @@ impl Volume {
             barrier_started: AtomicU64::new(0),
             sb_err: crate::mm::ErrSeq::new(),
             sync_since: Mutex::new(0),
+            flushq: Mutex::new(Default::default()),
+            ordered_cv: Condvar::new(),
         });
         *aops.vol.lock() = Arc::downgrade(&vol);
         let weak = Arc::downgrade(&vol);
@@ -465,8 +468,35 @@ impl Vol {
                 }
             }
         }
+        if !need_commit && !force && !periodic {
+            // Only a cache flush is wanted (fsync of data whose metadata is durable,
+            // fdatasync after a timestamp change): issue it, leave the transaction open.
+            self.barrier_only();
+            return true;
+        }
         self.commit(force);
         true
+    }
+
+    /// A bare cache flush for the data barrier waiters.
+    fn barrier_only(&self) {
+        let gen = {
+            let mut j = self.jn.lock();
+            j.barrier_started += 1;
+            self.barrier_started
+                .store(j.barrier_started, Ordering::Release);
+            j.barrier_started
+        };
+        if let Err(e) = self.q.flush_sync() {
+            self.abort(format!("a cache flush failed ({e})"));
+            return;
+        }
+        let mut j = self.jn.lock();
+        j.barrier_done = gen;
+        j.stats.flushes += 1;
+        drop(j);
+        self.jcv.notify_all();
+        self.settle_async();
     }
 
     /// Close the running transaction and make it durable (a journal write, a
@@ -479,6 +509,26 @@ impl Vol {
         };
         let (tid, payload, nrec) = {
             let mut st = self.st.lock();
+            // Ordered data (rename over an existing file): the transaction holding the
+            // rename waits for the renamed file's data, so it cannot reach the disk
+            // first. Writeback of that data was started at the rename.
+            loop {
+                let running = st.running_tid;
+                let ordered = std::mem::take(&mut st.ordered);
+                let keep: Vec<_> = ordered
+                    .into_iter()
+                    .filter(|o| o.tid > running || !o.satisfied(&st))
+                    .collect();
+                st.ordered = keep;
+                if !st.ordered.iter().any(|o| o.tid <= running) || st.aborted.is_some() {
+                    break;
+                }
+                if self.jn.lock().stop {
+                    break;
+                }
+                self.ordered_cv
+                    .wait_for(&mut st, std::time::Duration::from_millis(100));
+            }
             if st.aborted.is_some() {
                 return;
             }
@@ -595,6 +645,7 @@ impl Vol {
         j.last_commit_ns = self.now();
         drop(j);
         self.jcv.notify_all();
+        self.settle_async();
         trace::emit(
             "jbd2_commit",
             || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": new_slot.is_some(), "ns": took}),
@@ -606,6 +657,61 @@ impl Vol {
         self.st.lock().aborted = Some(why.clone());
         self.jn.lock().error = Some(why);
         self.jcv.notify_all();
+        self.settle_async();
+    }
+
+    /// Register asynchronous flushes with the committer: each completes (Ok) with the
+    /// commit and barrier that cover it, or with EIO if the journal fails first.
+    pub(super) fn journal_wait_async(&self, waiters: Vec<super::flush::AsyncWaiter>) {
+        let mut done = Vec::new();
+        {
+            let mut j = self.jn.lock();
+            for w in waiters {
+                if j.error.is_some() {
+                    done.push((w, Err(FsError::Io)));
+                    continue;
+                }
+                if j.committed >= w.tid && w.gen.is_none_or(|g| j.barrier_done > g) {
+                    done.push((w, Ok(())));
+                    continue;
+                }
+                if w.tid > j.committed {
+                    j.want_tid = j.want_tid.max(w.tid);
+                }
+                if let Some(g) = w.gen {
+                    if j.barrier_done <= g {
+                        j.barrier_want = j.barrier_want.max(g + 1);
+                    }
+                }
+                j.stats.sync_waits += 1;
+                j.async_waiters.push(w);
+            }
+        }
+        for (w, r) in done {
+            w.state.complete(r);
+        }
+        self.jwaiter.kick();
+    }
+
+    /// Complete the asynchronous flushes a commit (or a failure) has settled.
+    fn settle_async(&self) {
+        let settled: Vec<(super::flush::AsyncWaiter, FsResult<()>)> = {
+            let mut j = self.jn.lock();
+            let failed = j.error.is_some();
+            let (committed, done) = (j.committed, j.barrier_done);
+            let all = std::mem::take(&mut j.async_waiters);
+            let (ready, wait): (Vec<_>, Vec<_>) = all
+                .into_iter()
+                .partition(|w| failed || (committed >= w.tid && w.gen.is_none_or(|g| done > g)));
+            j.async_waiters = wait;
+            ready
+                .into_iter()
+                .map(|w| (w, if failed { Err(FsError::Io) } else { Ok(()) }))
+                .collect()
+        };
+        for (w, r) in settled {
+            w.state.complete(r);
+        }
     }
 
     /// Wait until transaction `tid` is durable and, with `data_gen`, a cache flush that
@@ -644,6 +750,7 @@ impl Vol {
     /// syncfs: every dirty page written and waited on, then one commit and flush.
     pub(super) fn sync_all(&self) -> FsResult<()> {
         let r = self.bdi.sync();
+        self.resolve_all()?;
         let tid = self.st.lock().running_tid;
         let gen = self.barrier_started.load(Ordering::Acquire);
         self.journal_wait(tid, Some(gen))?;
@@ -663,15 +770,8 @@ impl Vol {
         let e = mapping.wb_err().check_and_advance(&mut since.lock());
         r?;
         super::volume::errno_result(e)?;
-        let (tid, gen) = {
-            let st = self.st.lock();
-            st.live.get(&ino).map_or((0, None), |l| {
-                (
-                    if datasync { l.datasync_tid } else { l.sync_tid },
-                    l.data_gen,
-                )
-            })
-        };
+        self.resolve_trunc(&mut self.st.lock(), ino)?;
+        let (tid, gen) = self.sync_point(ino, datasync);
         self.journal_wait(tid, gen)
     }
 
@@ -718,6 +818,7 @@ impl Vol {
             }
         }
         self.jcv.notify_all();
+        self.settle_async();
         self.jwaiter.kick();
         if let Some(h) = self.committer.lock().take() {
             if h.thread().id() != std::thread::current().id() {
