@@ -636,7 +636,10 @@ impl Bdi {
     fn run_works(&self) {
         loop {
             let Some(item) = self.works.lock().pop_front() else {
-                match self.jobs.lock().pop_front() {
+                // Popped into a local: a guard in the match scrutinee would hold the
+                // queue locked while the job runs, blocking everyone queueing jobs.
+                let job = self.jobs.lock().pop_front();
+                match job {
                     Some(job) => {
                         job();
                         continue;
