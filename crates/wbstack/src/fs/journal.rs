@@ -455,18 +455,30 @@ impl Vol {
             return true;
         }
         if need_commit && multi && !force {
-            // jbd2's batching: when several threads sync, give the others a window to
-            // join this commit, bounded by how long a commit takes.
+            // Batching (jbd2's purpose, keyed to arrivals): when several threads sync,
+            // wait for as many as joined the last commit, at most the average commit
+            // time (bounded by min/max_batch_time). Threads the last commit released
+            // are still on their way (close, create, write its data) when a commit
+            // could leave at once; waiting for them halves the commits.
             let c = avg.clamp(
                 self.opts.min_batch_us * NSEC_PER_USEC,
                 self.opts.max_batch_us * NSEC_PER_USEC,
             );
-            if let Some(t0) = first {
-                let until = t0 + c;
-                while self.now() < until && !self.jn.lock().stop {
-                    self.clock.wait_until(&self.jwaiter, until);
+            let deadline = self.now() + c;
+            loop {
+                {
+                    let j = self.jn.lock();
+                    if j.stop || j.sync_waiting >= j.last_group {
+                        break;
+                    }
                 }
+                if self.now() >= deadline {
+                    break;
+                }
+                self.clock.wait_until(&self.jwaiter, deadline);
             }
+            let mut j = self.jn.lock();
+            j.last_group = j.sync_waiting.max(1);
         }
         if !need_commit && !force && !periodic {
             // Only a cache flush is wanted (fsync of data whose metadata is durable,
@@ -734,17 +746,22 @@ impl Vol {
             j.multi_sync = j.last_sync_thread.is_some_and(|t| t != me);
             j.last_sync_thread = Some(me);
             j.stats.sync_waits += 1;
+            j.sync_waiting += 1;
             self.jwaiter.kick();
         }
-        loop {
+        let r = loop {
             if j.error.is_some() {
-                return Err(FsError::Io);
+                break Err(FsError::Io);
             }
             if j.committed >= tid && data_gen.is_none_or(|g| j.barrier_done > g) {
-                return Ok(());
+                break Ok(());
             }
             self.jcv.wait(&mut j);
+        };
+        if asked {
+            j.sync_waiting -= 1;
         }
+        r
     }
 
     /// syncfs: every dirty page written and waited on, then one commit and flush.

@@ -510,6 +510,10 @@ pub(super) struct JState {
     /// another (jbd2 batches only when several processes sync).
     pub last_sync_thread: Option<std::thread::ThreadId>,
     pub multi_sync: bool,
+    /// Threads blocked in fsync waiting for a commit, and how many the last sync commit
+    /// carried: the batching window waits for the group to re-form.
+    pub sync_waiting: usize,
+    pub last_group: usize,
     pub error: Option<String>,
     pub stop: bool,
     pub stats: JournalStats,
