@@ -414,7 +414,6 @@ fn committer(weak: Weak<Vol>) {
 }
 
 enum Payload {
-    Nothing,
     Txn(Vec<u8>),
     Checkpoint(Vec<u8>),
 }
@@ -550,46 +549,33 @@ impl Vol {
             st.running_tid += 1;
             st.txn_first_ns = None;
             let nrec = records.len();
-            let enc = (!records.is_empty()).then(|| {
-                Txn {
-                    fs_id: self.sb.fs_id,
-                    tid,
-                    records,
-                }
-                .encode()
-            });
-            let blocks = enc.as_ref().map_or(0, |e| e.len() as u64 / PAGE);
-            let ckpt = force_ckpt || (blocks > 0 && head + blocks > jblocks * 3 / 4);
+            // Written even when empty: closing a transaction consumes its tid, and
+            // replay needs every tid in sequence (a gap would end the journal there).
+            let enc = Txn {
+                fs_id: self.sb.fs_id,
+                tid,
+                records,
+            }
+            .encode();
+            let blocks = enc.len() as u64 / PAGE;
+            let ckpt = force_ckpt || head + blocks > jblocks * 3 / 4;
             let payload = if ckpt {
                 Payload::Checkpoint(st.meta.encode_image())
             } else {
-                match enc {
-                    Some(e) => Payload::Txn(e),
-                    None => Payload::Nothing,
-                }
+                Payload::Txn(enc)
             };
             (tid, payload, nrec)
         };
-        let need_barrier = {
-            let j = self.jn.lock();
-            j.barrier_want > j.barrier_started
-        };
-        let issues_barrier = !matches!(payload, Payload::Nothing) || need_barrier;
-        let gen = if issues_barrier {
+        // Every commit write carries PREFLUSH: it is a cache-flush barrier too.
+        let gen = {
             let mut j = self.jn.lock();
             j.barrier_started += 1;
             self.barrier_started
                 .store(j.barrier_started, Ordering::Release);
             Some(j.barrier_started)
-        } else {
-            None
         };
         let flags = BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META;
         let (res, bytes, new_head, new_slot) = match payload {
-            Payload::Nothing if need_barrier => {
-                (self.q.flush_sync().map_err(FsError::from), 0, head, None)
-            }
-            Payload::Nothing => (Ok(()), 0, head, None),
             Payload::Txn(e) => {
                 let n = e.len() as u64;
                 let r = self.q.write_sync(
