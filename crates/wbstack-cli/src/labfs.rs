@@ -63,7 +63,7 @@ pub fn plug(o: &LabOpts) -> Result<Experiment<PlugArm>, String> {
     let mut arms = Vec::new();
     for on in [false, true] {
         if !o.json {
-            eprint!("\r  plug: writeback_plug={}   ", u8::from(on));
+            crate::util::status(&format!("  plug: writeback_plug={}", u8::from(on)));
         }
         let fs = volfs::open(
             PLUG_DEVICE,
@@ -96,7 +96,7 @@ pub fn plug(o: &LabOpts) -> Result<Experiment<PlugArm>, String> {
         });
     }
     if !o.json {
-        eprint!("\r{:40}\r", "");
+        crate::util::status_done();
     }
     Ok(Experiment {
         experiment: "plug",
@@ -203,7 +203,7 @@ pub fn expire(o: &LabOpts) -> Result<Experiment<ExpireArm>, String> {
     let mut arms = Vec::new();
     for on in [false, true] {
         if !o.json {
-            eprint!("\r  expire: expire_first={}   ", u8::from(on));
+            crate::util::status(&format!("  expire: expire_first={}", u8::from(on)));
         }
         let fs: Arc<dyn BenchFs> = volfs::open(
             EXPIRE_DEVICE,
@@ -230,7 +230,7 @@ pub fn expire(o: &LabOpts) -> Result<Experiment<ExpireArm>, String> {
         });
     }
     if !o.json {
-        eprint!("\r{:40}\r", "");
+        crate::util::status_done();
     }
     Ok(Experiment {
         experiment: "expire",
@@ -344,7 +344,7 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
     let mut arms = Vec::new();
     for (name, sync, threads) in arms_spec {
         if !o.json {
-            eprint!("\r  fsync: {name}        ");
+            crate::util::status(&format!("  fsync: {name}"));
         }
         let vfs = Arc::new(volfs::VolumeFs::format(FSYNC_DEVICE, Default::default())?);
         let q = vfs.volume().queue().clone();
@@ -400,7 +400,7 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
         });
     }
     if !o.json {
-        eprint!("\r{:40}\r", "");
+        crate::util::status_done();
     }
     Ok(Experiment {
         experiment: "fsync",
