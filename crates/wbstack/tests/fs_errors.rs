@@ -2,28 +2,16 @@
 //! generic/441: errseq reporting per open file, group commit, async flush,
 //! flush-on-close ordering, ENOSPC.
 
+mod common;
+
+use common::{fresh_with, quiet, sim};
 use std::sync::Arc;
-use wbstack::block::{QueueConfig, RequestQueue};
-use wbstack::dev::sim::SimDevice;
+use wbstack::block::RequestQueue;
 use wbstack::fs::fsck::fsck;
-use wbstack::fs::{MkfsOptions, MountOptions, OpenOptions, Volume};
-
-fn sim(q: &Arc<RequestQueue>) -> &SimDevice {
-    q.device().as_any().downcast_ref::<SimDevice>().unwrap()
-}
-
-fn quiet() -> MountOptions {
-    let mut o = MountOptions::default();
-    o.wb.dirty_writeback_centisecs = 0;
-    o.commit_interval_ms = 3_600_000;
-    o
-}
+use wbstack::fs::{MountOptions, OpenOptions, Volume};
 
 fn fresh(spec: &str, o: MountOptions) -> (Arc<RequestQueue>, Volume) {
-    let q = RequestQueue::open(spec, QueueConfig::default()).unwrap();
-    Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
-    let v = Volume::mount(q.clone(), o).unwrap();
-    (q, v)
+    fresh_with(spec, o)
 }
 
 /// Fail every data write from now on (the metadata areas sit below the data area).

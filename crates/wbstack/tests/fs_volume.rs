@@ -1,34 +1,16 @@
 //! The filesystem through its public API: namespace, data, delayed allocation, the
 //! journal across remounts and crashes, ENOSPC, bad images.
 
+mod common;
+
+use common::{fresh_with, queue, quiet, sim};
 use std::sync::Arc;
-use wbstack::block::{QueueConfig, RequestQueue};
-use wbstack::dev::sim::SimDevice;
+use wbstack::block::RequestQueue;
 use wbstack::fs::fsck::fsck;
-use wbstack::fs::{FsError, InodeKind, MkfsOptions, MountOptions, OpenOptions, Volume};
-
-fn queue(spec: &str) -> Arc<RequestQueue> {
-    RequestQueue::open(spec, QueueConfig::default()).unwrap()
-}
-
-#[allow(dead_code)]
-fn sim(q: &Arc<RequestQueue>) -> &SimDevice {
-    q.device().as_any().downcast_ref::<SimDevice>().unwrap()
-}
-
-/// Periodic writeback and commits far away: tests decide when things happen.
-fn quiet() -> MountOptions {
-    let mut o = MountOptions::default();
-    o.wb.dirty_writeback_centisecs = 0;
-    o.commit_interval_ms = 3_600_000;
-    o
-}
+use wbstack::fs::{FsError, InodeKind, MkfsOptions, OpenOptions, Volume};
 
 fn fresh(spec: &str) -> (Arc<RequestQueue>, Volume) {
-    let q = queue(spec);
-    Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
-    let v = Volume::mount(q.clone(), quiet()).unwrap();
-    (q, v)
+    fresh_with(spec, quiet())
 }
 
 fn assert_clean(q: &Arc<RequestQueue>) {

@@ -384,6 +384,26 @@ impl State {
         Ok(())
     }
 
+    /// Log a new directory entry `name` in `dir` for `ino`.
+    fn log_link(&mut self, dir: u64, name: &[u8], ino: u64, now: u64) -> FsResult<()> {
+        let rec = Record::Link {
+            parent: dir,
+            name: name.to_vec(),
+            ino,
+        };
+        self.log(rec, &[dir, ino], now)
+    }
+
+    /// Log the removal of entry `name` (naming `ino`) from `dir`.
+    fn log_unlink(&mut self, dir: u64, name: &[u8], ino: u64, now: u64) -> FsResult<()> {
+        let rec = Record::Unlink {
+            parent: dir,
+            name: name.to_vec(),
+            ino,
+        };
+        self.log(rec, &[dir, ino], now)
+    }
+
     /// Mark inodes changed in the running transaction.
     pub fn touch(&mut self, inos: &[u64], time_only: bool, now_ns: u64) {
         let tid = self.running_tid;
@@ -1013,15 +1033,7 @@ impl Vol {
             &[ino],
             now,
         )?;
-        st.log(
-            Record::Link {
-                parent: dir,
-                name: name.to_vec(),
-                ino,
-            },
-            &[dir, ino],
-            now,
-        )?;
+        st.log_link(dir, name, ino, now)?;
         if let Some(t) = target {
             st.log(
                 Record::SetTarget {
@@ -1087,15 +1099,7 @@ impl Vol {
             _ => {}
         }
         let now = self.now();
-        st.log(
-            Record::Unlink {
-                parent: dir,
-                name: name.to_vec(),
-                ino,
-            },
-            &[dir, ino],
-            now,
-        )?;
+        st.log_unlink(dir, name, ino, now)?;
         st.stamp(dir, now, true);
         st.stamp(ino, now, false);
         self.drop_if_unlinked(&mut st, ino)
@@ -1164,36 +1168,12 @@ impl Vol {
                 (true, true) if !vi.entries.is_empty() => return Err(FsError::NotEmpty(nm)),
                 _ => {}
             }
-            st.log(
-                Record::Unlink {
-                    parent: nd,
-                    name: nn.to_vec(),
-                    ino: v,
-                },
-                &[nd, v],
-                now,
-            )?;
+            st.log_unlink(nd, nn, v, now)?;
             st.stamp(v, now, false);
             self.drop_if_unlinked(&mut st, v)?;
         }
-        st.log(
-            Record::Unlink {
-                parent: od,
-                name: on.to_vec(),
-                ino,
-            },
-            &[od, ino],
-            now,
-        )?;
-        st.log(
-            Record::Link {
-                parent: nd,
-                name: nn.to_vec(),
-                ino,
-            },
-            &[nd, ino],
-            now,
-        )?;
+        st.log_unlink(od, on, ino, now)?;
+        st.log_link(nd, nn, ino, now)?;
         st.stamp(od, now, true);
         st.stamp(nd, now, true);
         st.stamp(ino, now, false);
@@ -1452,15 +1432,7 @@ impl Volume {
         }
         self.vol.check_meta_room(&st, 64 + name.len() as u64)?;
         let now = self.vol.now();
-        st.log(
-            Record::Link {
-                parent: dir,
-                name,
-                ino,
-            },
-            &[dir, ino],
-            now,
-        )?;
+        st.log_link(dir, &name, ino, now)?;
         st.stamp(dir, now, true);
         st.stamp(ino, now, false);
         Ok(())
