@@ -814,7 +814,13 @@ struct Shared {
     waiter: Arc<Waiter>,
     clock: ClockRef,
     dirty_sleep: RwLock<Option<DirtySleepFn>>,
+    /// The hook's last answer (NEVER for none) and the time it was asked: a tracked
+    /// write asks at most once per coarse tick, as the 1 s rule needs no better.
+    dirty_sleep_cache: AtomicU64,
+    dirty_sleep_asked: AtomicU64,
     waits: [AtomicU64; NR_RWQ],
+    /// Windows evaluated and followed through (timer re-armed or stopped).
+    windows_done: AtomicU64,
     queue_id: u64,
 }
 
@@ -832,10 +838,18 @@ pub fn rq_cookie(rq: &Request) -> u64 {
 
 impl Shared {
     fn recent_wait(&self, now: u64) -> bool {
-        match &*self.dirty_sleep.read() {
-            Some(f) => f().is_some_and(|t| now < t.saturating_add(RECENT_WAIT_NSEC)),
-            None => false,
-        }
+        let last = if self.dirty_sleep_asked.load(Ordering::Relaxed) == now {
+            self.dirty_sleep_cache.load(Ordering::Relaxed)
+        } else {
+            let last = match &*self.dirty_sleep.read() {
+                Some(f) => f().unwrap_or(NEVER),
+                None => NEVER,
+            };
+            self.dirty_sleep_cache.store(last, Ordering::Relaxed);
+            self.dirty_sleep_asked.store(now, Ordering::Relaxed);
+            last
+        };
+        last != NEVER && now < last.saturating_add(RECENT_WAIT_NSEC)
     }
 
     fn acquire(&self, rwq: usize, op: Op, bio_flags: BioFlags, now: u64) -> bool {
@@ -980,6 +994,7 @@ fn timer_thread(sh: Arc<Shared>) {
             st.arm_requested = false;
             sh.arm_locked(&mut st, sh.clock.now_ns());
         }
+        sh.windows_done.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -996,7 +1011,10 @@ impl Wbt {
                 waiter,
                 clock: cfg.clock,
                 dirty_sleep: RwLock::new(None),
+                dirty_sleep_cache: AtomicU64::new(NEVER),
+                dirty_sleep_asked: AtomicU64::new(NEVER),
                 waits: Default::default(),
+                windows_done: AtomicU64::new(0),
                 queue_id: cfg.queue_id,
             }),
             thread: Mutex::new(None),
@@ -1052,6 +1070,7 @@ impl Wbt {
     /// bdi's last_bdp_sleep). Without it, no dirtier ever slept.
     pub fn set_dirty_sleep_fn(&self, f: Option<DirtySleepFn>) {
         *self.sh.dirty_sleep.write() = f;
+        self.sh.dirty_sleep_asked.store(NEVER, Ordering::Relaxed);
     }
 
     pub fn set_wc(&self, wc: bool) {
@@ -1063,9 +1082,11 @@ impl Wbt {
         self.sh.wake_everyone(self.sh.clock.coarse_ns());
     }
 
-    /// Controller state plus the policy's counters.
+    /// Controller state plus the policy's counters. `windows` counts windows whose
+    /// evaluation is over, timer re-armed or stopped included.
     pub fn state(&self) -> WbtState {
         let mut s = self.sh.rwb.state();
+        s.windows = self.sh.windows_done.load(Ordering::Acquire);
         s.armed = self.is_armed();
         for i in 0..NR_RWQ {
             s.waiting[i] = self.sh.rqw[i].sleepers.load(Ordering::Relaxed);
@@ -1148,7 +1169,7 @@ impl Wbt {
             if t.is_none() {
                 let sh = self.sh.clone();
                 match std::thread::Builder::new()
-                    .name("wbt-timer".into())
+                    .name(format!("wbt-timer-{}", self.sh.queue_id))
                     .spawn(move || timer_thread(sh))
                 {
                     Ok(h) => *t = Some(h),
