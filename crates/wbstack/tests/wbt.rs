@@ -591,6 +591,68 @@ fn the_timer_stops_when_idle() {
     assert_eq!(q.wbt_state().windows, w + 1);
 }
 
+/// 4.9 scenario 6 on a queue: a read stuck in the device counts against the target
+/// although it never completes within the window.
+#[test]
+fn a_stuck_read_is_a_violation_without_completions() {
+    let (dev, q, clock) = held_queue(false, None);
+    let c = Arc::new(Count::default());
+    q.submit_bio(write_bio(0, BioFlags::BACKGROUND, &c))
+        .unwrap();
+    q.submit_bio(Bio::read(1 << 20, 4096).with_end_io(c.clone()))
+        .unwrap();
+    // The write completes; the read stays in the device for the whole window.
+    assert_eq!(dev.complete_one(), Op::Write);
+    clock.advance(100 * MS);
+    wait_until("the window", || q.wbt_state().windows == 1);
+    let s = q.wbt_state();
+    assert_eq!(s.last_status, Some(LatStatus::Exceeded));
+    assert_eq!(s.scale_step, 1);
+    // Once it completes it is forgotten: the next window, with nothing read and
+    // nothing written, has nothing to judge.
+    assert_eq!(dev.complete_one(), Op::Read);
+    clock.advance(s.cur_win_nsec);
+    wait_until("the next window", || q.wbt_state().windows == 2);
+    let s = q.wbt_state();
+    assert_eq!(s.last_status, Some(LatStatus::Unknown));
+    assert_eq!(s.scale_step, 1);
+    assert_eq!(c.0.load(Ordering::SeqCst), 2);
+}
+
+/// A `Wbt` chained by hand through `add_qos` (the queue's own switched off) works
+/// the same way through the generic rq_qos hooks.
+#[test]
+fn wbt_as_a_chained_rq_qos_policy() {
+    use wbstack::block::wbt::{Wbt, WbtConfig};
+    let (dev, q, clock) = held_queue(false, Some(0));
+    let wbt = Arc::new(Wbt::new(WbtConfig {
+        queue_depth: 64,
+        rotational: false,
+        wc: false,
+        lat_usec: None,
+        clock: clock.clone(),
+        queue_id: 1_000_000 + q.id(),
+    }));
+    q.add_qos(wbt.clone());
+    let w = spawn_writer(&q, 8, BioFlags::BACKGROUND, 0);
+    wait_until("the writer to block", || wbt.state().waiting[RWQ_BG] == 1);
+    assert_eq!(dev.pending(), 4);
+    assert_eq!(q.wbt_state().waits, [0, 0], "the queue's own wbt is off");
+    // Slow reads with the writes: the chained wbt judges them too.
+    let c = Arc::new(Count::default());
+    for i in 0..2u64 {
+        q.submit_bio(Bio::read((1 << 20) + i * 64, 4096).with_end_io(c.clone()))
+            .unwrap();
+    }
+    clock.advance(5 * MS);
+    drain(&dev, w);
+    clock.advance(100 * MS);
+    wait_until("the window", || wbt.state().windows == 1);
+    let s = wbt.state();
+    assert_eq!(s.last_status, Some(LatStatus::Exceeded), "{s:?}");
+    assert_eq!((s.scale_step, s.inflight), (1, [0, 0]));
+}
+
 // ---- Read latency under a background flood on a simulated SSD -----------------------
 
 /// The state and voluntary/involuntary context switch counts of this process's threads
