@@ -95,8 +95,8 @@ struct QueueCore {
     lat: LatencyWindow,
     qos: RwLock<Vec<Arc<dyn RqQos>>>,
     qos_active: AtomicBool,
-    /// Called directly rather than through `qos`: off, it costs one relaxed load per
-    /// bio; on, reads pay a few more.
+    /// Called directly rather than through `qos`: off, it costs a relaxed load at
+    /// submission and one at dispatch; on, reads pay a few more.
     wbt: Wbt,
     clock: ClockRef,
 }
