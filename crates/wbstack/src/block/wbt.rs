@@ -18,7 +18,8 @@
 //! timer is not armed are not taken as the "sync issue" read (the timer only looks at
 //! it while armed, and stamping every read with the fine clock would cost more than the
 //! whole rest of wbt on the read path); a disabled wbt's timer stops at its next expiry
-//! instead of evaluating windows against a target of 0.
+//! instead of evaluating windows against a target of 0; the last dirtier sleep is
+//! looked up at most once per clock tick.
 
 use crate::block::bio::{Bio, BioFlags, Op, Request};
 use crate::block::qos::{LatBucket, LatencyWindow, RqQos};
@@ -814,8 +815,9 @@ struct Shared {
     waiter: Arc<Waiter>,
     clock: ClockRef,
     dirty_sleep: RwLock<Option<DirtySleepFn>>,
-    /// The hook's last answer (NEVER for none) and the time it was asked: a tracked
-    /// write asks at most once per coarse tick, as the 1 s rule needs no better.
+    /// The hook's last answer (NEVER for none) and the time it was asked: the hook is
+    /// asked at most once per clock tick, because a read-lock per tracked write cost a
+    /// fifth of a null-device write, and the 1 s rule does not notice a tick.
     dirty_sleep_cache: AtomicU64,
     dirty_sleep_asked: AtomicU64,
     waits: [AtomicU64; NR_RWQ],
@@ -1067,7 +1069,10 @@ impl Wbt {
     }
 
     /// Where wbt learns of dirtier sleeps in balance_dirty_pages (the kernel reads the
-    /// bdi's last_bdp_sleep). Without it, no dirtier ever slept.
+    /// bdi's last_bdp_sleep). Without it, no dirtier ever slept. It is asked at most
+    /// once per tick of the queue's clock (coarse clock tick, or each manual change).
+    /// The writeback side holds the queue, so the hook must hold it weakly (a `Weak`
+    /// of the bdi), or neither is ever freed.
     pub fn set_dirty_sleep_fn(&self, f: Option<DirtySleepFn>) {
         *self.sh.dirty_sleep.write() = f;
         self.sh.dirty_sleep_asked.store(NEVER, Ordering::Relaxed);
@@ -1181,8 +1186,9 @@ impl Wbt {
         self.sh.arm(self.sh.clock.now_ns());
     }
 
-    /// The request reached the device at `io_start` (wbt_issue). `stamped`: io_start
-    /// is a fine-clock stamp taken while the window was armed.
+    /// The request reached the device at `io_start` (wbt_issue). Only a read
+    /// dispatched while the window is armed (flags::STAT: `io_start` is a fine-clock
+    /// stamp) can become the watched read.
     #[inline]
     pub fn issue(&self, rq: &Request, wbt_flags: u8, io_start: u64) {
         if wbt_flags & flags::READ != 0 && wbt_flags & flags::STAT != 0 {
