@@ -718,14 +718,36 @@ struct FloodResult {
     steps: Vec<i32>,
 }
 
-/// Three threads flood a simulated SSD with 32 KiB background writes while one thread
-/// reads 4 KiB blocks sequentially, one at a time. Time moves 50 µs at a time, only
+/// How a flood runs: the device, how far time moves per step, the writes' size.
+struct Flood {
+    spec: &'static str,
+    cq_thread: &'static str,
+    step_ns: u64,
+    write_bytes: usize,
+}
+
+const SSD: Flood = Flood {
+    spec: "sim:ssd,size=8G,hw_queues=1,qd=128,data=0",
+    cq_thread: "sim-ssd-cq",
+    step_ns: 50 * US,
+    write_bytes: 32 << 10,
+};
+
+const HDD: Flood = Flood {
+    spec: "sim:hdd,size=64G,data=0",
+    cq_thread: "sim-hdd-cq",
+    step_ns: MS,
+    write_bytes: 32 << 10,
+};
+
+/// Three threads flood a simulated device with background writes while one thread
+/// reads 4 KiB blocks sequentially, one at a time. Time moves a step at a time, only
 /// when every thread involved is asleep, so the device always has what the threads
 /// could submit.
-fn flood(wbt_lat_usec: Option<u64>, nr_reads: usize) -> FloodResult {
+fn flood(f: &Flood, wbt_lat_usec: Option<u64>, nr_reads: usize) -> FloodResult {
     let clock = ManualClock::new(0);
     let q = RequestQueue::open(
-        "sim:ssd,size=8G,hw_queues=1,qd=128,data=0",
+        f.spec,
         QueueConfig {
             wbt_lat_usec,
             clock: clock.clone(),
@@ -736,11 +758,12 @@ fn flood(wbt_lat_usec: Option<u64>, nr_reads: usize) -> FloodResult {
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(Count::default());
     let mut names = vec![
-        "sim-ssd-cq".to_string(),
+        f.cq_thread.to_string(),
         format!("wbt-timer-{}", q.id()),
         "flood-reader".to_string(),
     ];
     let mut writers = vec![];
+    let bs = f.write_bytes;
     for w in 0..3u64 {
         let (q, stop, written) = (q.clone(), stop.clone(), written.clone());
         let name = format!("flood-writer{w}");
@@ -751,11 +774,11 @@ fn flood(wbt_lat_usec: Option<u64>, nr_reads: usize) -> FloodResult {
                 .spawn(move || {
                     let mut sector = (1 + w) << 22;
                     while !stop.load(Ordering::SeqCst) {
-                        let bio = Bio::write(sector, IoBuf::zeroed(32 << 10))
+                        let bio = Bio::write(sector, IoBuf::zeroed(bs))
                             .with_flags(BioFlags::BACKGROUND)
                             .with_end_io(written.clone());
                         q.submit_bio(bio).unwrap();
-                        sector += 64;
+                        sector += bs as u64 / 512;
                     }
                 })
                 .unwrap(),
@@ -783,7 +806,7 @@ fn flood(wbt_lat_usec: Option<u64>, nr_reads: usize) -> FloodResult {
     };
     while !reader.is_finished() {
         settle(&names);
-        clock.advance(50 * US);
+        clock.advance(f.step_ns);
     }
     let steps = reader.join().unwrap();
     let sim_ns = clock.now_ns();
@@ -792,7 +815,7 @@ fn flood(wbt_lat_usec: Option<u64>, nr_reads: usize) -> FloodResult {
     // Writers blocked in wbt or on a tag need completions to get out.
     while writers.iter().any(|w| !w.is_finished()) {
         settle(&names);
-        clock.advance(50 * US);
+        clock.advance(f.step_ns);
     }
     for w in writers {
         w.join().unwrap();
@@ -800,12 +823,12 @@ fn flood(wbt_lat_usec: Option<u64>, nr_reads: usize) -> FloodResult {
     let sim = q.device().as_any().downcast_ref::<SimDevice>().unwrap();
     while sim.pending() > 0 {
         settle(&names);
-        clock.advance(50 * US);
+        clock.advance(f.step_ns);
     }
     let read_lat = std::mem::take(&mut *lat.lock());
     FloodResult {
         read_lat,
-        bytes_written: written.0.load(Ordering::SeqCst) * (32 << 10),
+        bytes_written: written.0.load(Ordering::SeqCst) * bs as u64,
         sim_ns,
         waits: s.waits[RWQ_BG],
         windows: s.windows,
@@ -821,8 +844,8 @@ fn p99(v: &[u64]) -> u64 {
 
 #[test]
 fn wbt_keeps_reads_fast_under_a_background_flood() {
-    let on = flood(None, 1000);
-    let off = flood(Some(0), 40);
+    let on = flood(&SSD, None, 1000);
+    let off = flood(&SSD, Some(0), 40);
     let target = 2 * MS;
     let mb_s = |r: &FloodResult| r.bytes_written as f64 / r.sim_ns as f64 * 1e3;
     eprintln!(
@@ -859,5 +882,38 @@ fn wbt_keeps_reads_fast_under_a_background_flood() {
         on.steps
     );
     // Writes still flow: throttling trades some write bandwidth, not most of it.
+    assert!(mb_s(&on) > 0.5 * mb_s(&off), "writes starved under wbt");
+}
+
+#[test]
+fn wbt_keeps_reads_under_target_on_a_disk() {
+    let on = flood(&HDD, None, 150);
+    let off = flood(&HDD, Some(0), 25);
+    let target = 75 * MS;
+    let mb_s = |r: &FloodResult| r.bytes_written as f64 / r.sim_ns as f64 * 1e3;
+    eprintln!(
+        "hdd wbt on: read p99 {} ms, writes {:.1} MB/s, {} windows, steps {:?}; \
+         off: read p99 {} ms, writes {:.1} MB/s",
+        p99(&on.read_lat) / MS,
+        mb_s(&on),
+        on.windows,
+        on.steps,
+        p99(&off.read_lat) / MS,
+        mb_s(&off),
+    );
+    assert!(
+        p99(&on.read_lat) <= target,
+        "wbt on: read p99 {} ms over the 75 ms target",
+        p99(&on.read_lat) / MS
+    );
+    assert!(
+        p99(&off.read_lat) > 5 * target / 2,
+        "wbt off: read p99 {} ms; 32 queued writes should cost reads far more",
+        p99(&off.read_lat) / MS
+    );
+    assert!(on.waits > 0);
+    // Reads met the target, so depth went up to the cap (24 = 3/4 of QD 32 at step
+    // −1) and stayed there.
+    assert_eq!(on.steps, [0, -1]);
     assert!(mb_s(&on) > 0.5 * mb_s(&off), "writes starved under wbt");
 }
