@@ -331,6 +331,9 @@ impl Volume {
             "fs_mount",
             || json!({"replayed": l.txns_replayed, "last_tid": l.last_tid, "orphans": orphans.len(), "journal_end": l.journal_end}),
         );
+        if let Some(lat) = opts.wbt_lat_usec {
+            q.set_wbt_lat_usec(lat);
+        }
         let cache = PageCache::new(opts.cache.clone());
         let bdi = Bdi::new(q.clone(), cache.clone(), opts.wb.clone());
         let aops = Arc::new(Aops {

@@ -48,6 +48,9 @@ pub struct MountOptions {
     /// at a rename over another file, ordering the journal after its data (see
     /// `fs::flush` for exactly what that guarantees).
     pub flush_on_close: bool,
+    /// Writeback throttling target of the volume's device queue (the queue's
+    /// `wbt_lat_usec`; 0 turns wbt off); None leaves the queue's setting.
+    pub wbt_lat_usec: Option<u64>,
 }
 
 impl Default for MountOptions {
@@ -59,6 +62,7 @@ impl Default for MountOptions {
             min_batch_us: 0,
             max_batch_us: 15_000,
             flush_on_close: true,
+            wbt_lat_usec: None,
         }
     }
 }
@@ -68,7 +72,7 @@ impl MountOptions {
     pub const KEYS: &'static str = "cache_size, writeback_plug, expire_first, \
         dirty_ratio, dirty_background_ratio, dirty_bytes, dirty_background_bytes, \
         dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
-        max_batch_time, read_ahead_kb, flush_on_close";
+        max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec";
 
     /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
     /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
@@ -111,6 +115,7 @@ impl MountOptions {
             }
             "min_batch_time" => self.min_batch_us = num()?,
             "flush_on_close" | "auto_da_alloc" => self.flush_on_close = flag()?,
+            "wbt_lat_usec" => self.wbt_lat_usec = Some(num()?),
             "max_batch_time" => self.max_batch_us = num()?,
             _ => {
                 return Err(FsError::Invalid(format!(

@@ -221,6 +221,13 @@ impl Bdi {
             thread: Mutex::new(None),
             thread_id: Mutex::new(None),
         });
+        // wbt gives every write full depth while a dirtier slept in the last second
+        // (wb_recent_wait): tell it when ours did. Weak: the Bdi holds the queue.
+        let w = Arc::downgrade(&bdi);
+        bdi.q.wbt().set_dirty_sleep_fn(Some(Arc::new(move || {
+            let t = w.upgrade()?.last_dirty_sleep.load(Ordering::Relaxed);
+            (t != 0).then_some(t)
+        })));
         let weak = Arc::downgrade(&bdi);
         let waiter = bdi.waiter.clone();
         let h = std::thread::Builder::new()
