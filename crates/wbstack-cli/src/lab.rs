@@ -7,7 +7,7 @@ use std::time::Duration;
 use wbstack::block::IoStatsMode;
 
 /// Every experiment that exists so far.
-pub const EXPERIMENTS: &[&str] = &["plug", "expire", "inflight"];
+pub const EXPERIMENTS: &[&str] = &["plug", "expire", "inflight", "fsync"];
 
 #[derive(Clone, Debug)]
 pub struct LabOpts {
@@ -80,11 +80,11 @@ pub fn inflight(o: &LabOpts) -> Result<Experiment<InflightArm>, String> {
                     poll: true,
                 };
                 if !o.json {
-                    eprint!(
-                        "\r  inflight: jobs={jobs:<2} iostats={:<6} round {}/{rounds}   ",
+                    crate::util::status(&format!(
+                        "  inflight: jobs={jobs:<2} iostats={:<6} round {}/{rounds}",
                         modes[m],
                         round + 1
-                    );
+                    ));
                 }
                 runs[m].push(blkbench::run(&job)?);
             }
@@ -108,7 +108,7 @@ pub fn inflight(o: &LabOpts) -> Result<Experiment<InflightArm>, String> {
         }
     }
     if !o.json {
-        eprint!("\r{:70}\r", "");
+        crate::util::status_done();
     }
     Ok(Experiment {
         experiment: "inflight",

@@ -100,7 +100,8 @@ struct ImageArgs {
 
 #[derive(Args)]
 struct LabArgs {
-    /// Experiment to run: inflight (seed 002), plug (000), expire (001). Without one,
+    /// Experiment to run: plug (seed 000), expire (001), inflight (002), fsync (004).
+    /// Without one,
     /// every experiment runs with --quick.
     experiment: Option<String>,
     /// Small sizes and short runs.
@@ -350,6 +351,7 @@ fn run_lab(a: LabArgs) -> Result<(), String> {
             "inflight" => emit(&lab::inflight(&opts)?, a.json, lab::print_inflight)?,
             "plug" => emit(&labfs::plug(&opts)?, a.json, labfs::print_plug)?,
             "expire" => emit(&labfs::expire(&opts)?, a.json, labfs::print_expire)?,
+            "fsync" => emit(&labfs::fsync(&opts)?, a.json, labfs::print_fsync)?,
             other => {
                 return Err(format!(
                     "unknown experiment '{other}' (known: {})",

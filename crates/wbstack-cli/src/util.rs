@@ -78,3 +78,22 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
     }
     wbstack::dev::parse_duration(s).map(Duration::from_nanos)
 }
+
+/// Progress on stderr: rewritten in place on a terminal, one line per step otherwise
+/// (so a log shows the steps without carriage-return clutter).
+pub fn status(msg: &str) {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{msg:<70}");
+    } else {
+        eprintln!("{}", msg.trim());
+    }
+}
+
+/// Erase the status line (terminals only).
+pub fn status_done() {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{:70}\r", "");
+    }
+}

@@ -5,7 +5,7 @@ use crate::benchfs::{BenchFile, BenchFs, FlushWait};
 use std::io;
 use std::sync::Arc;
 use wbstack::block::{DiskStats, QueueConfig, RequestQueue};
-use wbstack::fs::{File, FsError, MkfsOptions, MountOptions, OpenOptions, Volume};
+use wbstack::fs::{File, FlushHandle, FsError, MkfsOptions, MountOptions, OpenOptions, Volume};
 
 /// A fresh wbstack filesystem on a device.
 pub struct VolumeFs {
@@ -98,6 +98,14 @@ impl BenchFs for VolumeFs {
 
 struct VolFile(File);
 
+struct VolFlush(FlushHandle);
+
+impl FlushWait for VolFlush {
+    fn wait(self: Box<Self>) -> io::Result<()> {
+        self.0.wait().map_err(io)
+    }
+}
+
 impl BenchFile for VolFile {
     fn write_at(&mut self, off: u64, buf: &[u8]) -> io::Result<()> {
         self.0.write_at(off, buf).map(|_| ()).map_err(io)
@@ -112,10 +120,7 @@ impl BenchFile for VolFile {
         self.0.fsync().map_err(io)
     }
     fn start_flush(&mut self) -> io::Result<Box<dyn FlushWait>> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "asynchronous flush of wbstack files is not available yet (issue 6)",
-        ))
+        Ok(Box::new(VolFlush(self.0.flush_async().map_err(io)?)))
     }
     fn close(self: Box<Self>) -> io::Result<()> {
         self.0.close().map_err(io)

@@ -206,11 +206,11 @@ pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<Dirty
         f.write_at(off, &buf[..n]).map_err(|e| e.to_string())?;
         off += n as u64;
         if last_progress.elapsed().as_secs() >= 1 {
-            eprint!("\r  dirty: {} of {} MiB   ", off >> 20, size >> 20);
+            crate::util::status(&format!("  dirty: {} of {} MiB", off >> 20, size >> 20));
             last_progress = Instant::now();
         }
     }
-    eprint!("\r{:40}\r", "");
+    crate::util::status_done();
     let throttled_secs = t2.elapsed().as_secs_f64();
     let dev = q.diskstats().delta(&dev_before);
     stop.store(true, Ordering::Relaxed);

@@ -235,8 +235,11 @@ pub struct Request {
     pub io_start_ns: u64,
     /// Set when a size or segment check failed: never try to merge into it again.
     pub nomerge: bool,
-    /// Per-request scratch for rq_qos policies (wbt's tracked class).
+    /// Per-request scratch for the rq_qos chain's policies.
     pub qos_flags: u8,
+    /// The queue's own wbt: tracked class, read, service-latency stamp
+    /// (`block::wbt::flags`).
+    pub wbt_flags: u8,
 }
 
 impl Request {
@@ -257,6 +260,7 @@ impl Request {
             io_start_ns: 0,
             nomerge: flags.no_merge(),
             qos_flags: 0,
+            wbt_flags: 0,
         }
     }
     pub fn end_sector(&self) -> u64 {

@@ -8,8 +8,10 @@ pub mod qos;
 pub mod queue;
 pub mod stats;
 pub mod tags;
+pub mod wbt;
 
 pub use bio::{Bio, BioEndIo, BioFlags, BlkError, BlkResult, Op, Request};
 pub use plug::{flush_plug, Plug};
 pub use queue::{BioWait, QueueConfig, QueueLimits, RequestQueue};
 pub use stats::{DiskStats, IoStatsMode};
+pub use wbt::{Wbt, WbtState};

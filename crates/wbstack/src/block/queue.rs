@@ -6,6 +6,7 @@ use super::plug;
 use super::qos::{LatencyWindow, RqQos};
 use super::stats::{DiskStats, IoStatsMode, StatsState};
 use super::tags::{HctxTags, RQ_INFLIGHT_READ, RQ_INFLIGHT_WRITE};
+use super::wbt::{self, Wbt, WbtConfig, WbtState};
 use crate::buf::IoBuf;
 use crate::clock::{ClockRef, RealClock};
 use crate::dev::{self, Completer, DeviceRef, Geometry, RqComplete};
@@ -25,6 +26,9 @@ pub struct QueueConfig {
     pub max_sectors_kb: u32,
     /// Tags per hardware queue; defaults to the device's queue depth.
     pub nr_requests: Option<u32>,
+    /// Writeback throttling target in µs (sysfs wbt_lat_usec): None = on with the
+    /// default for the device (2 ms, or 75 ms if rotational), Some(0) = off.
+    pub wbt_lat_usec: Option<u64>,
     pub clock: ClockRef,
 }
 
@@ -34,6 +38,7 @@ impl Default for QueueConfig {
             iostats: IoStatsMode::Tags,
             max_sectors_kb: DEFAULT_MAX_SECTORS_KB,
             nr_requests: None,
+            wbt_lat_usec: None,
             clock: RealClock::new(),
         }
     }
@@ -90,6 +95,9 @@ struct QueueCore {
     lat: LatencyWindow,
     qos: RwLock<Vec<Arc<dyn RqQos>>>,
     qos_active: AtomicBool,
+    /// Called directly rather than through `qos`: off, it costs a relaxed load at
+    /// submission and one at dispatch; on, reads pay a few more.
+    wbt: Wbt,
     clock: ClockRef,
 }
 
@@ -129,14 +137,22 @@ impl QueueCore {
 impl RqComplete for QueueCore {
     fn complete(&self, mut rq: Request, status: BlkResult) {
         let mode = self.stats.mode();
+        let mut coarse = None;
         if mode != IoStatsMode::Off {
             let now = self.clock.coarse_ns();
+            coarse = Some(now);
             self.round_stats(mode, now);
             self.stats
                 .done(mode, rq.op, rq.nr_sectors, now.saturating_sub(rq.start_ns));
         }
-        if self.needs_fine_time() {
+        let wbt_flags = rq.wbt_flags;
+        let wbt_sample = wbt_flags & wbt::flags::STAT != 0 && self.wbt.is_armed();
+        if wbt_sample || self.needs_fine_time() {
             let now = self.clock.now_ns();
+            if wbt_sample {
+                self.wbt
+                    .add_sample(rq.op, now.saturating_sub(rq.io_start_ns));
+            }
             if self.lat.is_armed() {
                 self.lat.add(rq.op, now.saturating_sub(rq.io_start_ns));
             }
@@ -145,6 +161,11 @@ impl RqComplete for QueueCore {
                     q.done(&rq, now);
                 }
             }
+        }
+        // Before the tag is freed: the tag is what identifies the watched read.
+        if wbt_flags & (wbt::flags::TRACKED | wbt::flags::READ) != 0 {
+            let now = coarse.unwrap_or_else(|| self.clock.coarse_ns());
+            self.wbt.done(&rq, wbt_flags, now);
         }
         // Free the tag before ending the bios, so a submitter woken by its bio finds it.
         self.hctxs[rq.hctx as usize].put(rq.tag);
@@ -179,6 +200,15 @@ impl RequestQueue {
                 "nr_requests={depth}: must be from 1 to 4096"
             )));
         }
+        let id = NEXT_QUEUE_ID.fetch_add(1, Ordering::Relaxed);
+        let wbt = Wbt::new(WbtConfig {
+            queue_depth: depth,
+            rotational: g.rotational,
+            wc: g.write_cache,
+            lat_usec: cfg.wbt_lat_usec,
+            clock: cfg.clock.clone(),
+            queue_id: id,
+        });
         let core = Arc::new(QueueCore {
             hctxs: (0..g.nr_hw_queues.max(1))
                 .map(|_| HctxTags::new(depth))
@@ -187,6 +217,7 @@ impl RequestQueue {
             lat: LatencyWindow::default(),
             qos: RwLock::new(Vec::new()),
             qos_active: AtomicBool::new(false),
+            wbt,
             clock: cfg.clock.clone(),
         });
         let limits = QueueLimits {
@@ -197,7 +228,7 @@ impl RequestQueue {
             max_segment_size: g.max_segment_size,
         };
         let q = RequestQueue {
-            id: NEXT_QUEUE_ID.fetch_add(1, Ordering::Relaxed),
+            id,
             dev,
             done: core.clone(),
             core,
@@ -266,6 +297,26 @@ impl RequestQueue {
         self.core.qos_active.store(true, Ordering::Release);
     }
 
+    /// This queue's writeback throttling.
+    pub fn wbt(&self) -> &Wbt {
+        &self.core.wbt
+    }
+
+    /// The wbt latency target in µs, 0 when off (sysfs wbt_lat_usec).
+    pub fn wbt_lat_usec(&self) -> u64 {
+        self.core.wbt.lat_usec()
+    }
+
+    /// Set the wbt latency target in µs; 0 turns wbt off. Pins the setting.
+    pub fn set_wbt_lat_usec(&self, usec: u64) {
+        self.core.wbt.set_lat_usec(usec);
+    }
+
+    /// wbt's step, limits, window and wait counts.
+    pub fn wbt_state(&self) -> WbtState {
+        self.core.wbt.state()
+    }
+
     pub fn latency_window(&self) -> &LatencyWindow {
         &self.core.lat
     }
@@ -319,7 +370,9 @@ impl RequestQueue {
                 bio.op, bio.sector
             )));
         }
-        if bio.sector % lbs_sectors != 0 || bio.nr_sectors as u64 % lbs_sectors != 0 {
+        if !bio.sector.is_multiple_of(lbs_sectors)
+            || !(bio.nr_sectors as u64).is_multiple_of(lbs_sectors)
+        {
             return Err(BlkError::Invalid(format!(
                 "bio at sector {} of {} sectors is not aligned to the logical block size ({} bytes)",
                 bio.sector, bio.nr_sectors, lim.logical_block_size
@@ -364,6 +417,22 @@ impl RequestQueue {
         } else {
             bio
         };
+        let stats_on = self.core.stats.mode() != IoStatsMode::Off;
+        let wbt_on = self.core.wbt.enabled();
+        // One coarse read serves both accounting and wbt's read stamps.
+        let mut start_ns = if stats_on || wbt_on {
+            self.core.clock.coarse_ns()
+        } else {
+            0
+        };
+        let mut wbt_flags = 0;
+        if wbt_on {
+            let (f, slept) = self.core.wbt.throttle(&bio, start_ns);
+            wbt_flags = f;
+            if slept && stats_on {
+                start_ns = self.core.clock.coarse_ns();
+            }
+        }
         let mut qos_flags = 0;
         if self.core.qos_active.load(Ordering::Relaxed) {
             for q in self.core.qos.read().iter() {
@@ -373,8 +442,9 @@ impl RequestQueue {
         let segs = self.limits.bio_segments(&bio);
         let mut rq = Request::from_bio(bio, segs);
         rq.qos_flags = qos_flags;
-        if self.core.stats.mode() != IoStatsMode::Off {
-            rq.start_ns = self.core.clock.coarse_ns();
+        rq.wbt_flags = wbt_flags;
+        if stats_on {
+            rq.start_ns = start_ns;
         }
         if plugged && !ordered {
             plug::add(self.clone(), rq);
@@ -442,9 +512,15 @@ impl RequestQueue {
             core.round_stats(mode, rq.start_ns);
             core.stats.start(mode, rq.op);
         }
-        if core.needs_fine_time() {
+        // wbt needs service latencies only while its window is armed.
+        let wbt_armed = core.wbt.is_armed();
+        if wbt_armed || core.needs_fine_time() {
             let now = core.clock.now_ns();
             rq.io_start_ns = now;
+            if wbt_armed {
+                rq.wbt_flags |= wbt::flags::STAT;
+                core.wbt.issue(&rq, rq.wbt_flags, now);
+            }
             if core.qos_active.load(Ordering::Relaxed) {
                 for q in core.qos.read().iter() {
                     q.issue(&rq, now);

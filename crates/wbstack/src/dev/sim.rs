@@ -497,10 +497,7 @@ impl Shared {
                 }
             }
             Op::Write => {
-                // PREFLUSH: what was cached before this write becomes durable first.
-                if rq.flags.contains(BioFlags::PREFLUSH) {
-                    d.flush();
-                }
+                // (PREFLUSH was honoured when the request entered the device.)
                 if !self.keeps(rq) {
                     return;
                 }
@@ -988,6 +985,12 @@ impl Device for SimDevice {
         }
         let doomed = m.inject_eio(&rq);
         m.count(&rq, doomed);
+        if rq.op == Op::Write && rq.flags.contains(BioFlags::PREFLUSH) && !doomed {
+            // The block layer's flush sequence completes the cache flush before the
+            // write is issued, so what completed before this request is durable before
+            // any sector of it can land: a cut that tears this write has flushed first.
+            self.shared.data.lock().flush();
+        }
         let due = m.due(now, rq.op, rq.flags, rq.sector, rq.nr_sectors);
         let id = m.next_id;
         m.next_id += 1;

@@ -331,6 +331,9 @@ impl Volume {
             "fs_mount",
             || json!({"replayed": l.txns_replayed, "last_tid": l.last_tid, "orphans": orphans.len(), "journal_end": l.journal_end}),
         );
+        if let Some(lat) = opts.wbt_lat_usec {
+            q.set_wbt_lat_usec(lat);
+        }
         let cache = PageCache::new(opts.cache.clone());
         let bdi = Bdi::new(q.clone(), cache.clone(), opts.wb.clone());
         let aops = Arc::new(Aops {
@@ -355,6 +358,7 @@ impl Volume {
                 live: HashMap::new(),
                 inflight: HashMap::new(),
                 aborted: None,
+                ordered: Vec::new(),
             }),
             icache: Mutex::new(HashMap::new()),
             jn: Mutex::new(JState {
@@ -370,6 +374,10 @@ impl Volume {
             committer: Mutex::new(None),
             unmounted: AtomicBool::new(false),
             barrier_started: AtomicU64::new(0),
+            sb_err: crate::mm::ErrSeq::new(),
+            sync_since: Mutex::new(0),
+            flushq: Mutex::new(Default::default()),
+            ordered_cv: Condvar::new(),
         });
         *aops.vol.lock() = Arc::downgrade(&vol);
         let weak = Arc::downgrade(&vol);
@@ -409,7 +417,6 @@ fn committer(weak: Weak<Vol>) {
 }
 
 enum Payload {
-    Nothing,
     Txn(Vec<u8>),
     Checkpoint(Vec<u8>),
 }
@@ -450,21 +457,60 @@ impl Vol {
             return true;
         }
         if need_commit && multi && !force {
-            // jbd2's batching: when several threads sync, give the others a window to
-            // join this commit, bounded by how long a commit takes.
+            // Batching (jbd2's purpose, keyed to arrivals): when several threads sync,
+            // wait for as many as joined the last commit, at most the average commit
+            // time (bounded by min/max_batch_time). Threads the last commit released
+            // are still on their way (close, create, write its data) when a commit
+            // could leave at once; waiting for them halves the commits.
             let c = avg.clamp(
                 self.opts.min_batch_us * NSEC_PER_USEC,
                 self.opts.max_batch_us * NSEC_PER_USEC,
             );
-            if let Some(t0) = first {
-                let until = t0 + c;
-                while self.now() < until && !self.jn.lock().stop {
-                    self.clock.wait_until(&self.jwaiter, until);
+            let deadline = self.now() + c;
+            loop {
+                {
+                    let j = self.jn.lock();
+                    if j.stop || j.sync_waiting >= j.last_group {
+                        break;
+                    }
                 }
+                if self.now() >= deadline {
+                    break;
+                }
+                self.clock.wait_until(&self.jwaiter, deadline);
             }
+            let mut j = self.jn.lock();
+            j.last_group = j.sync_waiting.max(1);
+        }
+        if !need_commit && !force && !periodic {
+            // Only a cache flush is wanted (fsync of data whose metadata is durable,
+            // fdatasync after a timestamp change): issue it, leave the transaction open.
+            self.barrier_only();
+            return true;
         }
         self.commit(force);
         true
+    }
+
+    /// A bare cache flush for the data barrier waiters.
+    fn barrier_only(&self) {
+        let gen = {
+            let mut j = self.jn.lock();
+            j.barrier_started += 1;
+            self.barrier_started
+                .store(j.barrier_started, Ordering::Release);
+            j.barrier_started
+        };
+        if let Err(e) = self.q.flush_sync() {
+            self.abort(format!("a cache flush failed ({e})"));
+            return;
+        }
+        let mut j = self.jn.lock();
+        j.barrier_done = gen;
+        j.stats.flushes += 1;
+        drop(j);
+        self.jcv.notify_all();
+        self.settle_async();
     }
 
     /// Close the running transaction and make it durable (a journal write, a
@@ -477,6 +523,26 @@ impl Vol {
         };
         let (tid, payload, nrec) = {
             let mut st = self.st.lock();
+            // Ordered data (rename over an existing file): the transaction holding the
+            // rename waits for the renamed file's data, so it cannot reach the disk
+            // first. Writeback of that data was started at the rename.
+            loop {
+                let running = st.running_tid;
+                let ordered = std::mem::take(&mut st.ordered);
+                let keep: Vec<_> = ordered
+                    .into_iter()
+                    .filter(|o| o.tid > running || !o.satisfied(&st))
+                    .collect();
+                st.ordered = keep;
+                if !st.ordered.iter().any(|o| o.tid <= running) || st.aborted.is_some() {
+                    break;
+                }
+                if self.jn.lock().stop {
+                    break;
+                }
+                self.ordered_cv
+                    .wait_for(&mut st, std::time::Duration::from_millis(100));
+            }
             if st.aborted.is_some() {
                 return;
             }
@@ -486,46 +552,33 @@ impl Vol {
             st.running_tid += 1;
             st.txn_first_ns = None;
             let nrec = records.len();
-            let enc = (!records.is_empty()).then(|| {
-                Txn {
-                    fs_id: self.sb.fs_id,
-                    tid,
-                    records,
-                }
-                .encode()
-            });
-            let blocks = enc.as_ref().map_or(0, |e| e.len() as u64 / PAGE);
-            let ckpt = force_ckpt || (blocks > 0 && head + blocks > jblocks * 3 / 4);
+            // Written even when empty: closing a transaction consumes its tid, and
+            // replay needs every tid in sequence (a gap would end the journal there).
+            let enc = Txn {
+                fs_id: self.sb.fs_id,
+                tid,
+                records,
+            }
+            .encode();
+            let blocks = enc.len() as u64 / PAGE;
+            let ckpt = force_ckpt || head + blocks > jblocks * 3 / 4;
             let payload = if ckpt {
                 Payload::Checkpoint(st.meta.encode_image())
             } else {
-                match enc {
-                    Some(e) => Payload::Txn(e),
-                    None => Payload::Nothing,
-                }
+                Payload::Txn(enc)
             };
             (tid, payload, nrec)
         };
-        let need_barrier = {
-            let j = self.jn.lock();
-            j.barrier_want > j.barrier_started
-        };
-        let issues_barrier = !matches!(payload, Payload::Nothing) || need_barrier;
-        let gen = if issues_barrier {
+        // Every commit write carries PREFLUSH: it is a cache-flush barrier too.
+        let gen = {
             let mut j = self.jn.lock();
             j.barrier_started += 1;
             self.barrier_started
                 .store(j.barrier_started, Ordering::Release);
             Some(j.barrier_started)
-        } else {
-            None
         };
         let flags = BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META;
         let (res, bytes, new_head, new_slot) = match payload {
-            Payload::Nothing if need_barrier => {
-                (self.q.flush_sync().map_err(FsError::from), 0, head, None)
-            }
-            Payload::Nothing => (Ok(()), 0, head, None),
             Payload::Txn(e) => {
                 let n = e.len() as u64;
                 let r = self.q.write_sync(
@@ -593,6 +646,7 @@ impl Vol {
         j.last_commit_ns = self.now();
         drop(j);
         self.jcv.notify_all();
+        self.settle_async();
         trace::emit(
             "jbd2_commit",
             || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": new_slot.is_some(), "ns": took}),
@@ -600,9 +654,65 @@ impl Vol {
     }
 
     fn abort(&self, why: String) {
+        self.sb_err.set(libc::EIO);
         self.st.lock().aborted = Some(why.clone());
         self.jn.lock().error = Some(why);
         self.jcv.notify_all();
+        self.settle_async();
+    }
+
+    /// Register asynchronous flushes with the committer: each completes (Ok) with the
+    /// commit and barrier that cover it, or with EIO if the journal fails first.
+    pub(super) fn journal_wait_async(&self, waiters: Vec<super::flush::AsyncWaiter>) {
+        let mut done = Vec::new();
+        {
+            let mut j = self.jn.lock();
+            for w in waiters {
+                if j.error.is_some() {
+                    done.push((w, Err(FsError::Io)));
+                    continue;
+                }
+                if j.committed >= w.tid && w.gen.is_none_or(|g| j.barrier_done > g) {
+                    done.push((w, Ok(())));
+                    continue;
+                }
+                if w.tid > j.committed {
+                    j.want_tid = j.want_tid.max(w.tid);
+                }
+                if let Some(g) = w.gen {
+                    if j.barrier_done <= g {
+                        j.barrier_want = j.barrier_want.max(g + 1);
+                    }
+                }
+                j.stats.sync_waits += 1;
+                j.async_waiters.push(w);
+            }
+        }
+        for (w, r) in done {
+            w.state.complete(r);
+        }
+        self.jwaiter.kick();
+    }
+
+    /// Complete the asynchronous flushes a commit (or a failure) has settled.
+    fn settle_async(&self) {
+        let settled: Vec<(super::flush::AsyncWaiter, FsResult<()>)> = {
+            let mut j = self.jn.lock();
+            let failed = j.error.is_some();
+            let (committed, done) = (j.committed, j.barrier_done);
+            let all = std::mem::take(&mut j.async_waiters);
+            let (ready, wait): (Vec<_>, Vec<_>) = all
+                .into_iter()
+                .partition(|w| failed || (committed >= w.tid && w.gen.is_none_or(|g| done > g)));
+            j.async_waiters = wait;
+            ready
+                .into_iter()
+                .map(|w| (w, if failed { Err(FsError::Io) } else { Ok(()) }))
+                .collect()
+        };
+        for (w, r) in settled {
+            w.state.complete(r);
+        }
     }
 
     /// Wait until transaction `tid` is durable and, with `data_gen`, a cache flush that
@@ -625,52 +735,50 @@ impl Vol {
             j.multi_sync = j.last_sync_thread.is_some_and(|t| t != me);
             j.last_sync_thread = Some(me);
             j.stats.sync_waits += 1;
+            j.sync_waiting += 1;
             self.jwaiter.kick();
         }
-        loop {
+        let r = loop {
             if j.error.is_some() {
-                return Err(FsError::Io);
+                break Err(FsError::Io);
             }
             if j.committed >= tid && data_gen.is_none_or(|g| j.barrier_done > g) {
-                return Ok(());
+                break Ok(());
             }
             self.jcv.wait(&mut j);
+        };
+        if asked {
+            j.sync_waiting -= 1;
         }
+        r
     }
 
     /// syncfs: every dirty page written and waited on, then one commit and flush.
     pub(super) fn sync_all(&self) -> FsResult<()> {
         let r = self.bdi.sync();
+        self.resolve_all()?;
         let tid = self.st.lock().running_tid;
         let gen = self.barrier_started.load(Ordering::Acquire);
         self.journal_wait(tid, Some(gen))?;
         r.map_err(FsError::from)
     }
 
-    /// fsync / fdatasync of one inode.
+    /// fsync / fdatasync of one inode, reporting writeback errors through the file's
+    /// errseq cursor `since` (file_write_and_wait_range, then the journal).
     pub(super) fn fsync_ino(
         &self,
         ino: u64,
         mapping: &crate::mm::Mapping,
         datasync: bool,
+        since: &Mutex<u32>,
     ) -> FsResult<()> {
-        let r = mapping.write_and_wait(0, u64::MAX);
-        let err = mapping.take_error();
-        let (tid, gen) = {
-            let st = self.st.lock();
-            st.live.get(&ino).map_or((0, None), |l| {
-                (
-                    if datasync { l.datasync_tid } else { l.sync_tid },
-                    l.data_gen,
-                )
-            })
-        };
-        self.journal_wait(tid, gen)?;
+        let r = mapping.write_and_wait_keep_errors(0, u64::MAX);
+        let e = mapping.wb_err().check_and_advance(&mut since.lock());
         r?;
-        if let Some(e) = err {
-            return Err(e.into());
-        }
-        Ok(())
+        super::volume::errno_result(e)?;
+        self.resolve_trunc(&mut self.st.lock(), ino)?;
+        let (tid, gen) = self.sync_point(ino, datasync);
+        self.journal_wait(tid, gen)
     }
 
     pub(super) fn unmount(&self) -> FsResult<()> {
@@ -716,6 +824,7 @@ impl Vol {
             }
         }
         self.jcv.notify_all();
+        self.settle_async();
         self.jwaiter.kick();
         if let Some(h) = self.committer.lock().take() {
             if h.thread().id() != std::thread::current().id() {

@@ -11,6 +11,7 @@
 
 pub mod alloc;
 pub mod error;
+pub mod flush;
 pub mod format;
 pub mod fsck;
 pub mod journal;
@@ -18,6 +19,7 @@ pub mod meta;
 pub mod volume;
 
 pub use error::{FsError, FsResult};
+pub use flush::FlushHandle;
 pub use format::InodeKind;
 pub use journal::MkfsOptions;
 pub use volume::{

@@ -20,7 +20,7 @@ use super::format::{InodeKind, Record, Superblock, BLOCK_SIZE};
 use super::meta::{valid_name, ApplyMode, Inode, Meta, NAME_MAX, ROOT_INO, TARGET_MAX};
 use crate::block::{BlkError, BlkResult, RequestQueue};
 use crate::clock::ClockRef;
-use crate::mm::{AddressSpaceOps, CacheConfig, Mapping, PageCache};
+use crate::mm::{AddressSpaceOps, CacheConfig, ErrSeq, Mapping, PageCache};
 use crate::writeback::{Bdi, WbConfig};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -44,6 +44,13 @@ pub struct MountOptions {
     /// min_batch_time / max_batch_time, in µs).
     pub min_batch_us: u64,
     pub max_batch_us: u64,
+    /// ext4's auto_da_alloc: write a file back at close after a truncation to zero and
+    /// at a rename over another file, ordering the journal after its data (see
+    /// `fs::flush` for exactly what that guarantees).
+    pub flush_on_close: bool,
+    /// Writeback throttling target of the volume's device queue (the queue's
+    /// `wbt_lat_usec`; 0 turns wbt off); None leaves the queue's setting.
+    pub wbt_lat_usec: Option<u64>,
 }
 
 impl Default for MountOptions {
@@ -54,6 +61,8 @@ impl Default for MountOptions {
             commit_interval_ms: 5000,
             min_batch_us: 0,
             max_batch_us: 15_000,
+            flush_on_close: true,
+            wbt_lat_usec: None,
         }
     }
 }
@@ -63,7 +72,7 @@ impl MountOptions {
     pub const KEYS: &'static str = "cache_size, writeback_plug, expire_first, \
         dirty_ratio, dirty_background_ratio, dirty_bytes, dirty_background_bytes, \
         dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
-        max_batch_time, read_ahead_kb";
+        max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec";
 
     /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
     /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
@@ -105,6 +114,8 @@ impl MountOptions {
                 self.commit_interval_ms = s * 1000;
             }
             "min_batch_time" => self.min_batch_us = num()?,
+            "flush_on_close" | "auto_da_alloc" => self.flush_on_close = flag()?,
+            "wbt_lat_usec" => self.wbt_lat_usec = Some(num()?),
             "max_batch_time" => self.max_batch_us = num()?,
             _ => {
                 return Err(FsError::Invalid(format!(
@@ -253,6 +264,60 @@ pub(super) struct Live {
     /// The barrier generation current when data of this inode last finished writing:
     /// fsync needs a cache flush started after it.
     pub data_gen: Option<u64>,
+    /// A truncation to zero not journaled yet: the old extents stay on disk (and are
+    /// ignored), new data goes to new blocks listed in `deferred_maps` (see fs::flush).
+    pub trunc_pending: bool,
+    /// file block -> (device block, len) written since the deferred truncation.
+    pub deferred_maps: BTreeMap<u64, (u64, u64)>,
+    /// On-disk size the file will have when the deferred truncation is journaled.
+    pub deferred_size: u64,
+    /// Truncated to zero while open: write it back at close (EXT4_STATE_DA_ALLOC_CLOSE).
+    pub da_alloc_close: bool,
+}
+
+impl Live {
+    /// The block holding page `p` among writes in flight and writes done since a
+    /// deferred truncation: (device block, blocks left in that run).
+    fn unjournaled_block(&self, p: u64) -> Option<(u64, u64)> {
+        [&self.pending, &self.deferred_maps]
+            .into_iter()
+            .find_map(|m| {
+                m.range(..=p)
+                    .next_back()
+                    .and_then(|(&f, &(s, len))| (p < f + len).then(|| (s + p - f, f + len - p)))
+            })
+    }
+}
+
+/// Data a commit must wait for: the pages `ino` had dirty or in flight when it was
+/// renamed over another file (flush-on-close ordering).
+pub(super) struct Ordered {
+    pub ino: u64,
+    pub pages: BTreeSet<u64>,
+    pub inflight: Vec<u64>,
+    pub tid: u64,
+}
+
+impl Ordered {
+    pub(super) fn satisfied(&self, st: &State) -> bool {
+        let Some(l) = st.live.get(&self.ino) else {
+            return true;
+        };
+        // A page is done once it is neither reserved (not yet allocated) nor in a
+        // write still in flight (allocated at writeback, not yet completed).
+        let in_flight = |p: &u64| {
+            l.pending
+                .range(..=*p)
+                .next_back()
+                .is_some_and(|(&f, &(_, len))| *p < f + len)
+        };
+        !st.meta.inodes.contains_key(&self.ino)
+            || (!self
+                .pages
+                .iter()
+                .any(|p| l.delalloc.contains(p) || in_flight(p))
+                && !self.inflight.iter().any(|b| st.inflight.contains_key(b)))
+    }
 }
 
 /// Blocks allocated for a data write in flight, by their first device block.
@@ -278,6 +343,8 @@ pub(super) struct State {
     pub inflight: HashMap<u64, Inflight>,
     /// Set when the journal failed: no more changes.
     pub aborted: Option<String>,
+    /// Data the next commits must wait for (rename over an existing file).
+    pub ordered: Vec<Ordered>,
 }
 
 impl State {
@@ -320,6 +387,26 @@ impl State {
         self.txn.push(rec);
         self.touch(touched, false, now_ns);
         Ok(())
+    }
+
+    /// Log a new directory entry `name` in `dir` for `ino`.
+    fn log_link(&mut self, dir: u64, name: &[u8], ino: u64, now: u64) -> FsResult<()> {
+        let rec = Record::Link {
+            parent: dir,
+            name: name.to_vec(),
+            ino,
+        };
+        self.log(rec, &[dir, ino], now)
+    }
+
+    /// Log the removal of entry `name` (naming `ino`) from `dir`.
+    fn log_unlink(&mut self, dir: u64, name: &[u8], ino: u64, now: u64) -> FsResult<()> {
+        let rec = Record::Unlink {
+            parent: dir,
+            name: name.to_vec(),
+            ino,
+        };
+        self.log(rec, &[dir, ino], now)
     }
 
     /// Mark inodes changed in the running transaction.
@@ -448,9 +535,15 @@ pub(super) struct JState {
     /// another (jbd2 batches only when several processes sync).
     pub last_sync_thread: Option<std::thread::ThreadId>,
     pub multi_sync: bool,
+    /// Threads blocked in fsync waiting for a commit, and how many the last sync commit
+    /// carried: the batching window waits for the group to re-form.
+    pub sync_waiting: usize,
+    pub last_group: usize,
     pub error: Option<String>,
     pub stop: bool,
     pub stats: JournalStats,
+    /// Asynchronous flushes waiting for a commit (completed by the committer).
+    pub async_waiters: Vec<super::flush::AsyncWaiter>,
 }
 
 /// The volume, shared by `Volume`, every `File` and the threads.
@@ -471,6 +564,16 @@ pub(super) struct Vol {
     pub unmounted: AtomicBool,
     /// Mirror of `jn.barrier_started`, read by completions without the journal lock.
     pub barrier_started: AtomicU64,
+    /// The volume's writeback error sequence (`sb->s_wb_err`): any inode's write
+    /// error, and a failed journal write; syncfs reports it once per caller.
+    pub sb_err: ErrSeq,
+    /// The cursor of `Volume::sync` (the mount's own "file").
+    pub sync_since: Mutex<u32>,
+    /// Inodes for the next asynchronous flush batch.
+    pub flushq: Mutex<super::flush::FlushQueue>,
+    /// Signalled (with `st`) when data in flight completes or reservations drop: the
+    /// committer waits on it for ordered data.
+    pub ordered_cv: Condvar,
 }
 
 /// The filesystem's side of the page cache (`AddressSpaceOps`).
@@ -497,15 +600,12 @@ impl AddressSpaceOps for Aops {
         };
         let mut need = Vec::new();
         let live = st.live.get(&ino);
+        // Old extents of a file whose truncation is deferred are not its blocks.
+        let old_valid = !live.is_some_and(|l| l.trunc_pending);
         for p in index..index + n {
-            let has_block = i.lookup_block(p).is_some()
-                || live.is_some_and(|l| {
-                    l.delalloc.contains(&p)
-                        || l.pending
-                            .range(..=p)
-                            .next_back()
-                            .is_some_and(|(&f, &(_, len))| p < f + len)
-                });
+            let has_block = (old_valid && i.lookup_block(p).is_some())
+                || live
+                    .is_some_and(|l| l.delalloc.contains(&p) || l.unjournaled_block(p).is_some());
             if !has_block {
                 need.push(p);
             }
@@ -530,31 +630,26 @@ impl AddressSpaceOps for Aops {
         };
         let mut runs: Vec<(u64, u64)> = Vec::new();
         let live = st.live.entry(ino).or_default();
+        let old_valid = !live.trunc_pending;
+        let mapped = |p: u64, live: &Live| {
+            old_valid
+                .then(|| i.mapped_run(p))
+                .flatten()
+                .or_else(|| live.unjournaled_block(p))
+        };
         let mut p = index;
         let end = index + n;
         while p < end {
-            if let Some((blk, left)) = i.mapped_run(p) {
+            if let Some((blk, left)) = mapped(p, live) {
+                // Overwrite in place (a page rewritten after its write completed).
                 let k = left.min(end - p);
                 runs.push((blk * SECTORS_PER_BLOCK, k));
                 p += k;
                 continue;
             }
-            if let Some((&f, &(s, len))) = live.pending.range(..=p).next_back() {
-                if p < f + len {
-                    // Written again while its first write is in flight cannot happen
-                    // (writepages skips pages under writeback), but stay correct.
-                    let k = (f + len - p).min(end - p);
-                    runs.push(((s + p - f) * SECTORS_PER_BLOCK, k));
-                    p += k;
-                    continue;
-                }
-            }
             // A stretch of pages without blocks: allocate them together.
             let mut k = 1;
-            while p + k < end
-                && i.lookup_block(p + k).is_none()
-                && !live.pending.contains_key(&(p + k))
-            {
+            while p + k < end && mapped(p + k, live).is_none() {
                 k += 1;
             }
             let reserved = live.delalloc.range(p..p + k).count() as u64;
@@ -569,14 +664,10 @@ impl AddressSpaceOps for Aops {
             }
             // Continue the file where its previous block is, else where the last
             // allocation ended (consecutive inodes of a pass end up adjacent).
-            let goal = p.checked_sub(1).and_then(|prev| {
-                i.lookup_block(prev).or_else(|| {
-                    live.pending
-                        .range(..=prev)
-                        .next_back()
-                        .and_then(|(&f, &(s, len))| (prev < f + len).then(|| s + prev - f))
-                })
-            });
+            let goal = p
+                .checked_sub(1)
+                .and_then(|prev| mapped(prev, live))
+                .map(|(b, _)| b);
             let pieces = st
                 .meta
                 .alloc
@@ -609,23 +700,21 @@ impl AddressSpaceOps for Aops {
             return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
         };
         let live = st.live.get(&ino);
+        let old_valid = !live.is_some_and(|l| l.trunc_pending);
         let mut runs: Vec<(Option<u64>, u64)> = Vec::new();
         let end = index + n;
         let mut p = index;
         while p < end {
-            let (blk, k) = if let Some((blk, left)) = i.mapped_run(p) {
+            let (blk, k) = if let Some((blk, left)) = old_valid.then(|| i.mapped_run(p)).flatten() {
                 (Some(blk), left.min(end - p))
-            } else if let Some((s, k)) = live.and_then(|l| {
-                l.pending
-                    .range(..=p)
-                    .next_back()
-                    .and_then(|(&f, &(s, len))| (p < f + len).then(|| (s + p - f, f + len - p)))
-            }) {
+            } else if let Some((s, k)) = live.and_then(|l| l.unjournaled_block(p)) {
                 (Some(s), k.min(end - p))
-            } else {
+            } else if old_valid {
                 // A hole up to the next mapped block.
                 let next = i.next_mapped(p).unwrap_or(end).min(end);
                 (None, (next - p).max(1))
+            } else {
+                (None, 1)
             };
             match (runs.last_mut(), blk) {
                 (Some((None, c)), None) => *c += k,
@@ -669,7 +758,12 @@ impl AddressSpaceOps for Aops {
                     .min(inf.len),
                 _ => 0,
             };
-            if alive > 0 {
+            let deferred = st.live.get(&inf.ino).is_some_and(|l| l.trunc_pending);
+            if alive > 0 && deferred {
+                // Journaled with the deferred truncation, in one transaction.
+                let l = st.live.get_mut(&inf.ino).expect("checked");
+                l.deferred_maps.insert(inf.fblock, (blk, alive));
+            } else if alive > 0 {
                 let rec = Record::MapExtent {
                     ino: inf.ino,
                     file_block: inf.fblock,
@@ -686,11 +780,20 @@ impl AddressSpaceOps for Aops {
                 // Never referenced by any committed metadata: reusable at once.
                 let _ = st.meta.alloc.free(blk + alive, inf.len - alive);
             }
+            if !st.ordered.is_empty() {
+                vol.ordered_cv.notify_all();
+            }
         }
-        if status.is_err() {
+        if let Err(e) = status {
+            vol.sb_err.set(e.errno());
             return;
         }
         let written_end = ((index + n) * PAGE).min(i_size);
+        if let Some(l) = st.live.get_mut(&ino).filter(|l| l.trunc_pending) {
+            l.deferred_size = l.deferred_size.max(written_end);
+            l.data_gen = Some(gen);
+            return;
+        }
         if let Some(i) = st.meta.inodes.get_mut(&ino) {
             if written_end > i.size {
                 i.size = written_end;
@@ -719,6 +822,19 @@ pub struct File {
     write: bool,
     append: bool,
     closed: AtomicBool,
+    /// errseq cursors sampled at open (f_wb_err, f_sb_err); shared with this file's
+    /// asynchronous flushes, which report through them too.
+    wb_since: Arc<Mutex<u32>>,
+    sb_since: Arc<Mutex<u32>>,
+}
+
+/// An errseq report as a result.
+pub(super) fn errno_result(e: i32) -> FsResult<()> {
+    match e {
+        0 => Ok(()),
+        libc::ENOSPC => Err(FsError::NoSpace),
+        _ => Err(FsError::Io),
+    }
 }
 
 /// Split a path into its components (empty ones and "." dropped).
@@ -922,15 +1038,7 @@ impl Vol {
             &[ino],
             now,
         )?;
-        st.log(
-            Record::Link {
-                parent: dir,
-                name: name.to_vec(),
-                ino,
-            },
-            &[dir, ino],
-            now,
-        )?;
+        st.log_link(dir, name, ino, now)?;
         if let Some(t) = target {
             st.log(
                 Record::SetTarget {
@@ -966,6 +1074,13 @@ impl Vol {
         }
         self.bdi.forget_inode(ino);
         st.drop_live_blocks(ino, 0);
+        if let Some(l) = st.live.get_mut(&ino) {
+            // Written after a deferred truncation, never journaled: free at once.
+            let maps = std::mem::take(&mut l.deferred_maps);
+            for (_, (s, len)) in maps {
+                let _ = st.meta.alloc.free(s, len);
+            }
+        }
         let now = self.now();
         st.log(Record::Delete { ino }, &[ino], now)?;
         st.live.remove(&ino);
@@ -989,21 +1104,13 @@ impl Vol {
             _ => {}
         }
         let now = self.now();
-        st.log(
-            Record::Unlink {
-                parent: dir,
-                name: name.to_vec(),
-                ino,
-            },
-            &[dir, ino],
-            now,
-        )?;
+        st.log_unlink(dir, name, ino, now)?;
         st.stamp(dir, now, true);
         st.stamp(ino, now, false);
         self.drop_if_unlinked(&mut st, ino)
     }
 
-    fn rename_at(&self, od: u64, on: &[u8], nd: u64, nn: &[u8]) -> FsResult<()> {
+    fn rename_at(self: &Arc<Self>, od: u64, on: &[u8], nd: u64, nn: &[u8]) -> FsResult<()> {
         let mut st = self.st.lock();
         st.check_writable()?;
         check_name(nn)?;
@@ -1036,9 +1143,27 @@ impl Vol {
             Err(e) => return Err(e),
         };
         let now = self.now();
+        let mut kick = None;
         if let Some(v) = victim {
             if v == ino {
                 return Ok(()); // same file: rename(2) does nothing
+            }
+            if self.opts.flush_on_close && st.inode(ino)?.kind == InodeKind::File {
+                // auto_da_alloc: the commit of this rename waits for the data `ino`
+                // has now, and its writeback starts at once.
+                let l = st.live.entry(ino).or_default();
+                let pages: BTreeSet<u64> = l.delalloc.clone();
+                let inflight: Vec<u64> = l.pending.values().map(|e| e.0).collect();
+                if !pages.is_empty() || !inflight.is_empty() || l.trunc_pending {
+                    let tid = st.running_tid;
+                    st.ordered.push(Ordered {
+                        ino,
+                        pages,
+                        inflight,
+                        tid,
+                    });
+                    kick = Some(self.mapping(&st, ino)?);
+                }
             }
             let vi = st.inode(v)?;
             let nm = String::from_utf8_lossy(nn).into_owned();
@@ -1048,43 +1173,29 @@ impl Vol {
                 (true, true) if !vi.entries.is_empty() => return Err(FsError::NotEmpty(nm)),
                 _ => {}
             }
-            st.log(
-                Record::Unlink {
-                    parent: nd,
-                    name: nn.to_vec(),
-                    ino: v,
-                },
-                &[nd, v],
-                now,
-            )?;
+            st.log_unlink(nd, nn, v, now)?;
             st.stamp(v, now, false);
             self.drop_if_unlinked(&mut st, v)?;
         }
-        st.log(
-            Record::Unlink {
-                parent: od,
-                name: on.to_vec(),
-                ino,
-            },
-            &[od, ino],
-            now,
-        )?;
-        st.log(
-            Record::Link {
-                parent: nd,
-                name: nn.to_vec(),
-                ino,
-            },
-            &[nd, ino],
-            now,
-        )?;
+        st.log_unlink(od, on, ino, now)?;
+        st.log_link(nd, nn, ino, now)?;
         st.stamp(od, now, true);
         st.stamp(nd, now, true);
         st.stamp(ino, now, false);
+        drop(st);
+        if let Some(m) = kick {
+            self.queue_flush(super::flush::FlushReq {
+                ino,
+                mapping: m,
+                since: None,
+                state: None,
+                resolve: true,
+            });
+        }
         Ok(())
     }
 
-    fn open_ino(self: &Arc<Self>, ino: u64, o: &OpenOptions) -> FsResult<File> {
+    fn open_ino(self: &Arc<Self>, ino: u64, o: &OpenOptions, created: bool) -> FsResult<File> {
         let mapping = {
             let mut st = self.st.lock();
             let i = st.inode(ino)?;
@@ -1105,32 +1216,77 @@ impl Vol {
         let f = File {
             vol: self.clone(),
             ino,
+            wb_since: Arc::new(Mutex::new(mapping.wb_err().sample())),
+            sb_since: Arc::new(Mutex::new(self.sb_err.sample())),
             mapping,
             read: o.read,
             write: o.write,
             append: o.append,
             closed: AtomicBool::new(false),
         };
-        if o.truncate && o.write {
+        // A file this open just created is empty: no truncation (and so no
+        // flush-on-close), as the VFS skips it for FMODE_CREATED.
+        if o.truncate && o.write && !created {
             f.set_len(0)?;
         }
         Ok(f)
     }
 
-    fn release(&self, ino: u64) -> FsResult<()> {
+    fn release(self: &Arc<Self>, ino: u64, mapping: &Arc<Mapping>) -> FsResult<()> {
         let mut st = self.st.lock();
         let Some(l) = st.live.get_mut(&ino) else {
             return Ok(());
         };
         l.open = l.open.saturating_sub(1);
         let last = l.open == 0;
+        // auto_da_alloc: closing a file truncated to zero starts its writeback now.
+        let kick = std::mem::take(&mut l.da_alloc_close) && self.opts.flush_on_close;
         if last && st.meta.inodes.get(&ino).is_some_and(|i| i.links == 0) && st.aborted.is_none() {
-            self.delete_inode(&mut st, ino)?;
+            return self.delete_inode(&mut st, ino);
+        }
+        drop(st);
+        if kick {
+            self.queue_flush(super::flush::FlushReq {
+                ino,
+                mapping: mapping.clone(),
+                since: None,
+                state: None,
+                resolve: true,
+            });
         }
         Ok(())
     }
 
     fn truncate(&self, ino: u64, mapping: &Mapping, size: u64) -> FsResult<()> {
+        if self.opts.flush_on_close {
+            let mut st = self.st.lock();
+            st.check_writable()?;
+            let has_disk = !st.inode(ino)?.extents.is_empty();
+            let l = st.live.entry(ino).or_default();
+            if size == 0 {
+                l.da_alloc_close = true;
+            }
+            let pending = l.trunc_pending;
+            if size == 0 && (has_disk || pending) {
+                // Deferred: the old blocks stay until the rewrite is written back.
+                mapping.set_size(0);
+                st.drop_live_blocks(ino, 0);
+                let l = st.live.get_mut(&ino).expect("just made");
+                let stale = std::mem::take(&mut l.deferred_maps);
+                l.trunc_pending = true;
+                l.deferred_size = 0;
+                for (_, (s, len)) in stale {
+                    // Written since the last deferred truncation, never journaled.
+                    let _ = st.meta.alloc.free(s, len);
+                }
+                st.stamp(ino, self.now(), true);
+                return Ok(());
+            }
+            if pending {
+                // Another truncation: journal the deferred one first, then this.
+                self.resolve_trunc(&mut st, ino)?;
+            }
+        }
         let old = mapping.size();
         // A partial last page keeps its head; its tail must read as zeros from now on,
         // on disk too, so the page is read, cut and written again.
@@ -1281,15 +1437,7 @@ impl Volume {
         }
         self.vol.check_meta_room(&st, 64 + name.len() as u64)?;
         let now = self.vol.now();
-        st.log(
-            Record::Link {
-                parent: dir,
-                name,
-                ino,
-            },
-            &[dir, ino],
-            now,
-        )?;
+        st.log_link(dir, &name, ino, now)?;
         st.stamp(dir, now, true);
         st.stamp(ino, now, false);
         Ok(())
@@ -1377,23 +1525,24 @@ impl Volume {
     }
 
     pub fn open(&self, path: &str, o: &OpenOptions) -> FsResult<File> {
-        let ino = {
+        let (ino, created) = {
             let mut st = self.vol.st.lock();
             match self.vol.resolve(&st, path, true) {
-                Ok(ino) if o.create && o.exclusive => {
-                    let _ = ino;
+                Ok(_) if o.create && o.exclusive => {
                     return Err(FsError::Exists(path.to_string()));
                 }
-                Ok(ino) => ino,
+                Ok(ino) => (ino, false),
                 Err(FsError::NotFound(_)) if o.create => {
                     let (dir, name) = self.vol.resolve_parent(&st, path)?;
-                    self.vol
-                        .create_node(&mut st, dir, &name, InodeKind::File, o.mode, None)?
+                    let ino =
+                        self.vol
+                            .create_node(&mut st, dir, &name, InodeKind::File, o.mode, None)?;
+                    (ino, true)
                 }
                 Err(e) => return Err(e),
             }
         };
-        self.vol.open_ino(ino, o)
+        self.vol.open_ino(ino, o, created)
     }
 
     /// Create (or truncate) a file for writing: `open(path, O_CREAT|O_TRUNC|O_RDWR)`.
@@ -1421,9 +1570,16 @@ impl Volume {
     }
 
     /// syncfs: write back every dirty page, then commit the journal; returns once all
-    /// of it is durable.
+    /// of it is durable, with any writeback error of the volume since the last
+    /// `Volume::sync` (reported once; each `File::syncfs` has its own cursor).
     pub fn sync(&self) -> FsResult<()> {
-        self.vol.sync_all()
+        let r = self.vol.sync_all();
+        let e = self
+            .vol
+            .sb_err
+            .check_and_advance(&mut self.vol.sync_since.lock());
+        r?;
+        errno_result(e)
     }
 
     /// Write the file back and drop its pages from the cache (as `echo 1 >
@@ -1438,7 +1594,8 @@ impl Volume {
             }
             (ino, self.vol.mapping(&st, ino)?)
         };
-        self.vol.fsync_ino(ino, &m, false)?;
+        self.vol
+            .fsync_ino(ino, &m, false, &Mutex::new(m.wb_err().sample()))?;
         let st = self.vol.st.lock();
         if st.live.get(&ino).is_some_and(|l| l.open > 0) || m.nr_dirty() > 0 {
             return Ok(false);
@@ -1448,6 +1605,14 @@ impl Volume {
         // Only the cache copy goes: the next use builds a new mapping from disk.
         m.set_size(0);
         Ok(true)
+    }
+
+    /// The page-cache mapping of the file at `path` (for tests and tools that need
+    /// the cache's own view, e.g. its legacy error bit).
+    pub fn mapping_of(&self, path: &str) -> FsResult<Arc<Mapping>> {
+        let st = self.vol.st.lock();
+        let ino = self.vol.resolve(&st, path, true)?;
+        self.vol.mapping(&st, ino)
     }
 
     /// FIEMAP: the file's journaled extents as (file block, device block, blocks).
@@ -1537,14 +1702,43 @@ impl File {
     /// from transactions it took part in) are durable when this returns Ok.
     pub fn fsync(&self) -> FsResult<()> {
         self.usable()?;
-        self.vol.fsync_ino(self.ino, &self.mapping, false)
+        self.vol
+            .fsync_ino(self.ino, &self.mapping, false, &self.wb_since)
     }
 
     /// fdatasync: like fsync but does not wait for a commit that changes only
     /// timestamps.
     pub fn fdatasync(&self) -> FsResult<()> {
         self.usable()?;
-        self.vol.fsync_ino(self.ino, &self.mapping, true)
+        self.vol
+            .fsync_ino(self.ino, &self.mapping, true, &self.wb_since)
+    }
+
+    /// Start the same data-integrity writeback and commit as fsync without waiting
+    /// (seed 004's `fs_mark -A`). The handle reports what fsync would have: the
+    /// error goes through this file's errseq cursor. Flushes started together share
+    /// writeback passes, journal commits and cache flushes.
+    pub fn flush_async(&self) -> FsResult<super::flush::FlushHandle> {
+        self.usable()?;
+        let state = Arc::new(super::flush::FlushState::default());
+        self.vol.queue_flush(super::flush::FlushReq {
+            ino: self.ino,
+            mapping: self.mapping.clone(),
+            since: Some(self.wb_since.clone()),
+            state: Some(state.clone()),
+            resolve: true,
+        });
+        Ok(super::flush::FlushHandle(state))
+    }
+
+    /// syncfs(2) on this file's volume: everything durable, then any writeback error
+    /// of the volume since this file last checked (or was opened), once.
+    pub fn syncfs(&self) -> FsResult<()> {
+        self.usable()?;
+        let r = self.vol.sync_all();
+        let e = self.vol.sb_err.check_and_advance(&mut self.sb_since.lock());
+        r?;
+        errno_result(e)
     }
 
     /// close(2). Dropping the file does the same, ignoring errors.
@@ -1556,7 +1750,7 @@ impl File {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        self.vol.release(self.ino)
+        self.vol.release(self.ino, &self.mapping)
     }
 }
 

@@ -2,6 +2,7 @@
 //! state, buffered reads and writes at any offset, on-demand readahead, LRU reclaim of
 //! clean pages, and the generic writepages that turns dirty pages into bios.
 
+use super::errseq::ErrSeq;
 use crate::block::{Bio, BioEndIo, BioFlags, BlkError, BlkResult, Plug};
 use crate::buf::IoBuf;
 use crate::writeback::{Bdi, WbInode, Wbc};
@@ -189,13 +190,17 @@ struct Inner {
     /// Cyclic writeback cursor (mapping->writeback_index).
     writeback_index: u64,
     ra: Readahead,
-    /// Latest write or read error (errseq builds on this).
+    /// Latest read error (a reader waiting on a page that failed to read gets it).
     error: Option<BlkError>,
+    /// The legacy AS_EIO / AS_ENOSPC bit: the errno of a write error not yet reported
+    /// by `write_and_wait` (filemap_check_errors consumes it; errseq does not).
+    as_err: Option<i32>,
 }
 
 /// One inode's pages.
 pub struct Mapping {
     ino: u64,
+    wb_err: ErrSeq,
     bdi: Arc<Bdi>,
     ops: Arc<dyn AddressSpaceOps>,
     inner: Mutex<Inner>,
@@ -208,6 +213,7 @@ impl Mapping {
     pub fn new(ino: u64, size: u64, bdi: Arc<Bdi>, ops: Arc<dyn AddressSpaceOps>) -> Arc<Mapping> {
         Arc::new_cyclic(|me| Mapping {
             ino,
+            wb_err: ErrSeq::new(),
             bdi,
             ops,
             inner: Mutex::new(Inner {
@@ -218,6 +224,7 @@ impl Mapping {
                 writeback_index: 0,
                 ra: Readahead::default(),
                 error: None,
+                as_err: None,
             }),
             cv: Condvar::new(),
             me: me.clone(),
@@ -243,12 +250,15 @@ impl Mapping {
     pub fn nr_writeback(&self) -> usize {
         self.inner.lock().nr_wb as usize
     }
-    /// The latest IO error seen on this mapping, if any (kept across eviction).
+    /// The latest read error seen on this mapping, if any.
     pub fn error(&self) -> Option<BlkError> {
         self.inner.lock().error.clone()
     }
-    pub fn take_error(&self) -> Option<BlkError> {
-        self.inner.lock().error.take()
+    /// The writeback error sequence (`mapping->wb_err`): open files sample it and
+    /// fsync reports what changed since, once per file. It lives as long as the
+    /// mapping, so the error outlives the failed pages' eviction.
+    pub fn wb_err(&self) -> &ErrSeq {
+        &self.wb_err
     }
 
     fn arc(&self) -> Arc<Mapping> {
@@ -718,7 +728,13 @@ impl Mapping {
             }
         }
         if let Err(e) = &status {
-            inner.error = Some(e.clone());
+            // The error lives in the mapping, for every open file to be told once.
+            self.wb_err.set(e.errno());
+            let prev = inner.as_err.unwrap_or(0);
+            // EIO wins over ENOSPC when both are pending (filemap_check_errors).
+            if prev != libc::EIO {
+                inner.as_err = Some(e.errno());
+            }
         }
         let idle = inner.nr_wb == 0;
         drop(inner);
@@ -747,8 +763,21 @@ impl Mapping {
     }
 
     /// filemap_write_and_wait_range: write every page dirty now (tagged, so concurrent
-    /// dirtiers cannot livelock it) and wait for them. Byte range.
+    /// dirtiers cannot livelock it) and wait for them. Byte range. Reports (and
+    /// clears) the legacy error bit: a write error is returned to the first caller
+    /// after it, whichever; per-file reporting is errseq's (see `wb_err`).
     pub fn write_and_wait(&self, start: u64, end: u64) -> BlkResult {
+        self.write_and_wait_keep_errors(start, end)?;
+        match self.inner.lock().as_err.take() {
+            Some(libc::ENOSPC) => Err(BlkError::NoSpace),
+            Some(_) => Err(BlkError::Io),
+            None => Ok(()),
+        }
+    }
+
+    /// The same without consuming the legacy error bit (file_write_and_wait_range,
+    /// what fsync uses before its errseq check). Returns submission errors only.
+    pub fn write_and_wait_keep_errors(&self, start: u64, end: u64) -> BlkResult {
         let (lo, hi) = (start / PAGE_SIZE as u64, end / PAGE_SIZE as u64);
         let mut wbc = Wbc::sync_range(lo, hi);
         let r = self.writepages(&mut wbc);

@@ -1,6 +1,8 @@
 //! Memory management: the page cache, dirty accounting and dirty throttling.
 
 pub mod cache;
+pub mod errseq;
 pub mod throttle;
 
 pub use cache::{AddressSpaceOps, CacheConfig, Mapping, PageCache, PAGE_SIZE};
+pub use errseq::ErrSeq;

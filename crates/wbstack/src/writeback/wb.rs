@@ -101,6 +101,9 @@ pub trait WbInode: Send + Sync {
     }
 }
 
+/// A job for the flusher thread (see [`Bdi::queue_job`]).
+pub type Job = Box<dyn FnOnce() + Send>;
+
 /// A queued work and its completion.
 pub struct WorkItem {
     work: Mutex<Work>,
@@ -168,6 +171,10 @@ pub struct Bdi {
     /// it by anyone (the flusher, an earlier WB_SYNC_NONE work) is durable too.
     wb_inodes: Mutex<HashMap<u64, Weak<dyn WbInode>>>,
     works: Mutex<VecDeque<Arc<WorkItem>>>,
+    /// Work of the filesystem above run by the flusher between works (an async flush
+    /// batch, a flush-on-close kick), so it shares the flusher's place in the IO order
+    /// and needs no thread of its own.
+    jobs: Mutex<VecDeque<Job>>,
     waiter: Arc<Waiter>,
     stop: AtomicBool,
     nr_dirty: AtomicU64,
@@ -199,6 +206,7 @@ impl Bdi {
             inodes: Mutex::new(HashMap::new()),
             wb_inodes: Mutex::new(HashMap::new()),
             works: Mutex::new(VecDeque::new()),
+            jobs: Mutex::new(VecDeque::new()),
             waiter,
             stop: AtomicBool::new(false),
             nr_dirty: AtomicU64::new(0),
@@ -213,6 +221,13 @@ impl Bdi {
             thread: Mutex::new(None),
             thread_id: Mutex::new(None),
         });
+        // wbt gives every write full depth while a dirtier slept in the last second
+        // (wb_recent_wait): tell it when ours did. Weak: the Bdi holds the queue.
+        let w = Arc::downgrade(&bdi);
+        bdi.q.wbt().set_dirty_sleep_fn(Some(Arc::new(move || {
+            let t = w.upgrade()?.last_dirty_sleep.load(Ordering::Relaxed);
+            (t != 0).then_some(t)
+        })));
         let weak = Arc::downgrade(&bdi);
         let waiter = bdi.waiter.clone();
         let h = std::thread::Builder::new()
@@ -495,7 +510,7 @@ impl Bdi {
                 break;
             }
             let periodic = matches!(work.kind, WorkKind::Kupdate | WorkKind::Background);
-            if periodic && !self.works.lock().is_empty() {
+            if periodic && self.has_queued() {
                 break;
             }
             if work.kind == WorkKind::Background && !self.over_bg_thresh() {
@@ -615,10 +630,29 @@ impl Bdi {
         (progress, written, result)
     }
 
+    /// Run `job` on the flusher thread, after the works queued before it.
+    pub fn queue_job(&self, job: Job) {
+        self.jobs.lock().push_back(job);
+        self.waiter.kick();
+    }
+
+    fn has_queued(&self) -> bool {
+        !self.works.lock().is_empty() || !self.jobs.lock().is_empty()
+    }
+
     fn run_works(&self) {
         loop {
             let Some(item) = self.works.lock().pop_front() else {
-                return;
+                // Popped into a local: a guard in the match scrutinee would hold the
+                // queue locked while the job runs, blocking everyone queueing jobs.
+                let job = self.jobs.lock().pop_front();
+                match job {
+                    Some(job) => {
+                        job();
+                        continue;
+                    }
+                    None => return,
+                }
             };
             let kind = item.work.lock().kind;
             let mut r = match kind {
@@ -670,7 +704,7 @@ impl Bdi {
             let _ = self.wb_writeback(&item);
         }
         self.update_bandwidth();
-        if !self.works.lock().is_empty() {
+        if self.has_queued() {
             return Some(0);
         }
         if self.over_bg_thresh() {

@@ -1,0 +1,245 @@
+//! Asynchronous flush (seed 004's `fs_mark -A`) and flush-on-close (ext4's
+//! auto_da_alloc), both driven by one mechanism: a batch of inodes the flusher thread
+//! writes with data-integrity writeback under one plug, waits for, and hands to the
+//! committer. Each asynchronous flush then completes with the commit that covers it, so
+//! many flushes share one journal commit and one cache flush.
+//!
+//! What flush-on-close guarantees (`flush_on_close`, on by default):
+//! * `rename(new, existing)`: the commit that makes the rename durable also makes
+//!   durable every page `new` had dirty (or under writeback) when it was renamed: the
+//!   committer waits for that data before writing the transaction. After a crash the
+//!   name holds the old file, or the new one with that data; never an empty or partial
+//!   new file. Writes to `new` after the rename are not covered (fsync them).
+//! * truncate to zero of a file with data on disk (`O_TRUNC`, `ftruncate(0)`), then a
+//!   rewrite: the truncation is not journaled when it happens. The old blocks stay where
+//!   they are and the rewrite goes to new blocks; at close the file is written back and
+//!   then the truncation and the new extents are journaled together, in one transaction.
+//!   After a crash the file has its old content or its content at close, never empty
+//!   and never a mix. fsync, syncfs and unmount do the same at once.
+//! * Not guaranteed: a file that is never closed, fsynced or synced after such a
+//!   truncation keeps its old content on disk (the new content is not durable); an
+//!   overwrite in place without truncation may be a mix of old and new blocks after a
+//!   crash; a new file without fsync may be absent or shorter. Truncation to a size
+//!   other than zero is journaled at once, as ext4 does.
+
+use super::error::{FsError, FsResult};
+use super::format::Record;
+use super::volume::{errno_result, State, Vol};
+use crate::block::{BlkError, Plug};
+use crate::mm::Mapping;
+use crate::writeback::Wbc;
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// The result of an asynchronous flush, set once.
+#[derive(Default)]
+pub struct FlushState {
+    result: Mutex<Option<FsResult<()>>>,
+    cv: Condvar,
+}
+
+impl FlushState {
+    pub(super) fn complete(&self, r: FsResult<()>) {
+        let mut g = self.result.lock();
+        if g.is_none() {
+            *g = Some(r);
+            self.cv.notify_all();
+        }
+    }
+}
+
+/// A flush in progress: `File::flush_async`'s handle. It does not keep the file open;
+/// the file may be closed before the flush completes.
+#[derive(Clone)]
+pub struct FlushHandle(pub(super) Arc<FlushState>);
+
+impl FlushHandle {
+    /// Wait for the flush: Ok when the file's data and metadata are durable, or the
+    /// error fsync would have returned (reported through the file's errseq cursor).
+    pub fn wait(&self) -> FsResult<()> {
+        crate::block::flush_plug();
+        let mut g = self.0.result.lock();
+        while g.is_none() {
+            self.0.cv.wait(&mut g);
+        }
+        g.clone().expect("set")
+    }
+
+    /// The result, if the flush has completed.
+    pub fn poll(&self) -> Option<FsResult<()>> {
+        self.0.result.lock().clone()
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.0.result.lock().is_some()
+    }
+}
+
+/// One inode to flush in the next batch.
+pub(super) struct FlushReq {
+    pub ino: u64,
+    pub mapping: Arc<Mapping>,
+    /// The file's errseq cursor, for an asynchronous flush (None: a flush-on-close or
+    /// rename kick, which reports nothing).
+    pub since: Option<Arc<Mutex<u32>>>,
+    pub state: Option<Arc<FlushState>>,
+    /// Journal a deferred truncation once the data is written (see the module doc).
+    pub resolve: bool,
+}
+
+#[derive(Default)]
+pub(super) struct FlushQueue {
+    pub pending: Vec<FlushReq>,
+    /// A batch job is queued on the flusher and has not taken `pending` yet.
+    pub queued: bool,
+}
+
+/// A commit waiter that does not block a thread: completed by the committer.
+pub(super) struct AsyncWaiter {
+    pub tid: u64,
+    pub gen: Option<u64>,
+    pub state: Arc<FlushState>,
+}
+
+impl Vol {
+    /// Add a request to the next batch, queueing the batch job if none is pending. A
+    /// batch job taken by the flusher leaves later requests to the next one, so
+    /// requests arriving while a batch is written pile up and share the next batch.
+    pub(super) fn queue_flush(self: &Arc<Self>, r: FlushReq) {
+        let mut fq = self.flushq.lock();
+        fq.pending.push(r);
+        if !fq.queued {
+            fq.queued = true;
+            let w = Arc::downgrade(self);
+            self.bdi.queue_job(Box::new(move || {
+                if let Some(v) = w.upgrade() {
+                    v.run_flush_batch();
+                }
+            }));
+        }
+    }
+
+    /// The batch job (flusher thread): write every inode of the batch under one plug,
+    /// wait for the IO, journal deferred truncations, and hand the asynchronous
+    /// flushes to the committer.
+    fn run_flush_batch(&self) {
+        let batch = {
+            let mut fq = self.flushq.lock();
+            fq.queued = false;
+            std::mem::take(&mut fq.pending)
+        };
+        if batch.is_empty() {
+            return;
+        }
+        let mut seen = HashSet::new();
+        let maps: Vec<(u64, Arc<Mapping>)> = batch
+            .iter()
+            .filter(|r| seen.insert(r.ino))
+            .map(|r| (r.ino, r.mapping.clone()))
+            .collect();
+        let mut sub_err: HashMap<u64, BlkError> = HashMap::new();
+        {
+            // Seed 000 for integrity writeback: the batch's files are adjacent on disk
+            // (delayed allocation at this pass), so their bios merge in the plug.
+            let _plug = self.bdi.config().writeback_plug.then(Plug::start);
+            for (ino, m) in &maps {
+                let mut wbc = Wbc::sync_range(0, u64::MAX);
+                if let Err(e) = m.writepages(&mut wbc) {
+                    sub_err.insert(*ino, e);
+                }
+            }
+        }
+        for (ino, m) in &maps {
+            m.wait_writeback(0, u64::MAX);
+            if m.nr_dirty() == 0 {
+                self.bdi.inode_maybe_clean(*ino);
+            }
+        }
+        {
+            let mut st = self.st.lock();
+            for r in batch.iter().filter(|r| r.resolve) {
+                let _ = self.resolve_trunc(&mut st, r.ino);
+            }
+        }
+        let mut waiters = Vec::new();
+        for r in batch {
+            let (Some(state), Some(since)) = (r.state, r.since) else {
+                continue;
+            };
+            let e = r.mapping.wb_err().check_and_advance(&mut since.lock());
+            let res = match sub_err.get(&r.ino) {
+                Some(e) => Err(FsError::from(e.clone())),
+                None => errno_result(e),
+            };
+            if let Err(e) = res {
+                state.complete(Err(e));
+                continue;
+            }
+            let (tid, gen) = self.sync_point(r.ino, false);
+            waiters.push(AsyncWaiter { tid, gen, state });
+        }
+        if !waiters.is_empty() {
+            self.journal_wait_async(waiters);
+        }
+    }
+
+    /// What an fsync of `ino` waits for: the transaction and the data barrier.
+    pub(super) fn sync_point(&self, ino: u64, datasync: bool) -> (u64, Option<u64>) {
+        let st = self.st.lock();
+        st.live.get(&ino).map_or((0, None), |l| {
+            (
+                if datasync { l.datasync_tid } else { l.sync_tid },
+                l.data_gen,
+            )
+        })
+    }
+
+    /// Journal a deferred truncation of `ino` with the extents written since (one
+    /// transaction: old content or new, never in between).
+    pub(super) fn resolve_trunc(&self, st: &mut State, ino: u64) -> FsResult<()> {
+        let Some(l) = st.live.get_mut(&ino) else {
+            return Ok(());
+        };
+        if !l.trunc_pending {
+            return Ok(());
+        }
+        l.trunc_pending = false;
+        let maps = std::mem::take(&mut l.deferred_maps);
+        let size = std::mem::take(&mut l.deferred_size);
+        let now = self.now();
+        st.log(Record::Truncate { ino, size: 0 }, &[ino], now)?;
+        for (fb, (start, len)) in maps {
+            st.log(
+                Record::MapExtent {
+                    ino,
+                    file_block: fb,
+                    start,
+                    len,
+                },
+                &[ino],
+                now,
+            )?;
+        }
+        if let Some(i) = st.meta.inodes.get_mut(&ino) {
+            i.size = size;
+        }
+        st.txn_inodes.insert(ino);
+        Ok(())
+    }
+
+    /// Resolve every deferred truncation (syncfs and unmount make everything durable).
+    pub(super) fn resolve_all(&self) -> FsResult<()> {
+        let mut st = self.st.lock();
+        let inos: Vec<u64> = st
+            .live
+            .iter()
+            .filter(|(_, l)| l.trunc_pending)
+            .map(|(&i, _)| i)
+            .collect();
+        for ino in inos {
+            self.resolve_trunc(&mut st, ino)?;
+        }
+        Ok(())
+    }
+}

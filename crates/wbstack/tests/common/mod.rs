@@ -1,0 +1,31 @@
+//! Helpers shared by the filesystem tests: volumes on simulated devices.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use wbstack::block::{QueueConfig, RequestQueue};
+use wbstack::dev::sim::SimDevice;
+use wbstack::fs::{MkfsOptions, MountOptions, Volume};
+
+pub fn queue(spec: &str) -> Arc<RequestQueue> {
+    RequestQueue::open(spec, QueueConfig::default()).unwrap()
+}
+
+pub fn sim(q: &Arc<RequestQueue>) -> &SimDevice {
+    q.device().as_any().downcast_ref::<SimDevice>().unwrap()
+}
+
+/// Periodic writeback and commits far away: tests decide when things happen.
+pub fn quiet() -> MountOptions {
+    let mut o = MountOptions::default();
+    o.wb.dirty_writeback_centisecs = 0;
+    o.commit_interval_ms = 3_600_000;
+    o
+}
+
+/// A freshly made and mounted volume on the device of `spec`.
+pub fn fresh_with(spec: &str, o: MountOptions) -> (Arc<RequestQueue>, Volume) {
+    let q = queue(spec);
+    Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
+    let v = Volume::mount(q.clone(), o).unwrap();
+    (q, v)
+}
