@@ -1133,8 +1133,19 @@ impl Probe {
     }
 
     fn cut_now(&self) {
-        self.st.lock().snapshot();
+        {
+            let mut s = self.st.lock();
+            s.snapshot();
+            // A trigger left armed would cut the recovery (fsck and mount read and write
+            // the same areas).
+            s.trigger = None;
+        }
         self.sim().power_cut(true);
+    }
+
+    /// No cut pending any more, whatever was armed.
+    fn disarm(&self) {
+        self.st.lock().trigger = None;
     }
 
     fn powered(&self) -> bool {
@@ -2232,6 +2243,7 @@ fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result<(), String
             }
         }
     }
+    probe.disarm();
     probe.sim().reboot();
 
     let before = fsck(&q);
@@ -2644,4 +2656,38 @@ pub fn cli(o: &CrashOpts, json: bool) -> Result<u8, String> {
         print_human(&s);
     }
     Ok(if s.failed_cuts > 0 { 1 } else { 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wbstack::block::Bio;
+    use wbstack::buf::IoBuf;
+
+    struct Done(Mutex<Vec<BlkResult>>);
+
+    impl RqComplete for Done {
+        fn complete(&self, _rq: Request, status: BlkResult) {
+            self.0.lock().push(status);
+        }
+    }
+
+    #[test]
+    fn a_cut_disarms_a_trigger_that_never_fired() {
+        let dev = wbstack::dev::open("sim:ssd,size=64M", QueueConfig::default().clock).unwrap();
+        let probe = Probe::new(dev, Arc::new(AtomicU64::new(0))).unwrap();
+        let sb = Superblock::layout(16384, 1, 0).unwrap();
+        probe.set_layout(&sb);
+        // Armed for a checkpoint write that never comes; the run ends with a cut.
+        probe.arm_on(Area::Checkpoint);
+        probe.cut_now();
+        probe.sim().reboot();
+        // Recovery's own checkpoint write must not cut the power again.
+        let done = Arc::new(Done(Mutex::new(Vec::new())));
+        let c: Completer = done.clone();
+        let sector = sb.checkpoint[0].0 * (BLOCK / SECTOR);
+        let bio = Bio::write(sector, IoBuf::zeroed(BLOCK as usize));
+        probe.queue_rq(Request::from_bio(bio, 1), &c);
+        assert!(probe.powered(), "the old trigger cut the recovery");
+    }
 }
