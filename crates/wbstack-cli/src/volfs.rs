@@ -86,7 +86,20 @@ impl BenchFs for VolumeFs {
     fn extra_stats(&self) -> serde_json::Value {
         let f = self.vol.bdi().fairness();
         let j = self.vol.journal_stats();
+        let w = self.vol.queue().wbt_state();
+        let bdi = self.vol.bdi().stats();
         serde_json::json!({
+            "wbt": {
+                "enabled": w.enabled,
+                "lat_usec": w.min_lat_nsec / 1000,
+                "scale_step": w.scale_step,
+                "max_depth": w.max_depth,
+                "wb_background": w.wb_background,
+                "windows": w.windows,
+                "waits": w.waits,
+                "last_status": format!("{:?}", w.last_status),
+            },
+            "dirty_pauses": bdi.pauses,
             "max_rounds_waited": f.max_rounds_waited,
             "max_first_write_delay_s": f.max_first_write_delay_ns as f64 / 1e9,
             "writeback_rounds": f.rounds,

@@ -701,3 +701,40 @@ proptest! {
         }
     }
 }
+
+/// Found by crashtest: an inode dirty since before a sync, re-stamped by a background
+/// visit that ended after the sync was queued, must still be written by the sync.
+#[test]
+fn sync_writes_an_inode_redirtied_during_a_background_visit() {
+    let mut wb = WbLists::default();
+    wb.mark_dirty(1, 10);
+    // A background pass takes inode 1 and starts writing it.
+    let bg = Work::new(WorkKind::Background, i64::MAX, 30);
+    wb.begin_pass(&bg, 30);
+    assert_eq!(wb.next_inode(), Some(1));
+    // Meanwhile another inode becomes dirty, the writer dirties inode 1 again (already
+    // dirty: nothing is stamped), and sync(2) queues its work.
+    wb.mark_dirty(3, 35);
+    let sync = Work::new(WorkKind::Sync, i64::MAX, 40);
+    // The visit ends with pages left dirty by that writer, and slice to spare.
+    wb.requeue(
+        1,
+        Outcome {
+            still_dirty_pages: true,
+            nr_to_write_left: 100,
+            ..Outcome::default()
+        },
+        50,
+    );
+    // The sync's pass must write every inode dirty when it started: 1 (since 10) and 3.
+    wb.begin_pass(&sync, 60);
+    let mut visited = Vec::new();
+    while let Some(i) = wb.next_inode() {
+        visited.push(i);
+    }
+    assert!(
+        visited.contains(&1),
+        "sync (started at 40) skipped inode 1, dirty since 10 (dirtied_when now {:?}); it wrote {visited:?}",
+        wb.dirtied_when(1)
+    );
+}

@@ -626,7 +626,8 @@ impl AddressSpaceOps for Aops {
         let mut st = vol.st.lock();
         let st = &mut *st;
         let Some(i) = st.meta.inodes.get(&ino) else {
-            return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
+            // Deleted while its pages were claimed for writeback: nothing to write.
+            return Ok(Vec::new());
         };
         let mut runs: Vec<(u64, u64)> = Vec::new();
         let live = st.live.entry(ino).or_default();
@@ -1257,7 +1258,7 @@ impl Vol {
         Ok(())
     }
 
-    fn truncate(&self, ino: u64, mapping: &Mapping, size: u64) -> FsResult<()> {
+    fn truncate(self: &Arc<Self>, ino: u64, mapping: &Arc<Mapping>, size: u64) -> FsResult<()> {
         if self.opts.flush_on_close {
             let mut st = self.st.lock();
             st.check_writable()?;
@@ -1299,25 +1300,71 @@ impl Vol {
         }
         mapping.set_size(size);
         let now = self.now();
-        {
+        let cow = {
             let mut st = self.st.lock();
             st.check_writable()?;
             let disk = st.inode(ino)?.size;
             let keep = size.div_ceil(PAGE);
             st.drop_live_blocks(ino, keep);
             let new_disk = if size >= old { size } else { size.min(disk) };
-            st.log(
-                Record::Truncate {
+            let fb = size / PAGE;
+            // The block holding the new end is on disk: its tail must become zeros
+            // without rewriting it in place (a crash before the truncation commits
+            // would show zeros inside the old size). It is freed with the truncation
+            // and its head rewritten to a new block, in the same transaction.
+            let cow = head.is_some()
+                && new_disk > fb * PAGE
+                && st.inode(ino)?.lookup_block(fb).is_some()
+                && st.meta.alloc.reserve(1).is_ok();
+            if cow {
+                st.log(
+                    Record::Truncate {
+                        ino,
+                        size: fb * PAGE,
+                    },
+                    &[ino],
+                    now,
+                )?;
+                st.log(
+                    Record::SetSize {
+                        ino,
+                        size: new_disk,
+                    },
+                    &[ino],
+                    now,
+                )?;
+                st.live.entry(ino).or_default().delalloc.insert(fb);
+                let tid = st.running_tid;
+                st.ordered.push(Ordered {
                     ino,
-                    size: new_disk,
-                },
-                &[ino],
-                now,
-            )?;
+                    pages: BTreeSet::from([fb]),
+                    inflight: Vec::new(),
+                    tid,
+                });
+            } else {
+                st.log(
+                    Record::Truncate {
+                        ino,
+                        size: new_disk,
+                    },
+                    &[ino],
+                    now,
+                )?;
+            }
             st.stamp(ino, now, true);
-        }
+            cow
+        };
         if let Some((start, buf)) = head {
             mapping.write_at(start, &buf)?;
+        }
+        if cow {
+            self.queue_flush(super::flush::FlushReq {
+                ino,
+                mapping: mapping.clone(),
+                since: None,
+                state: None,
+                resolve: false,
+            });
         }
         Ok(())
     }

@@ -18,7 +18,8 @@ const PAGE_SECTORS: u64 = (PAGE_SIZE / 512) as u64;
 pub trait AddressSpaceOps: Send + Sync + 'static {
     /// Map `n` pages of `ino` from page `index` for writing, allocating blocks where
     /// needed (delayed allocation happens here). Returns (first sector, pages) runs
-    /// covering the range in order.
+    /// covering the range in order; runs covering fewer than `n` pages mean the rest
+    /// has nowhere to go (the inode was deleted meanwhile) and is dropped, not failed.
     fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError>;
     /// Map for reading: (Some(first sector) or None for a hole, pages) runs in order.
     fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError>;
@@ -105,21 +106,34 @@ impl PageCache {
     }
 
     /// Reclaim clean, idle pages (second chance on referenced ones) until under the
-    /// capacity or a full scan found nothing more to free.
+    /// capacity, looking at a bounded number of pages: a few times the excess, so one
+    /// call costs in proportion to what it must free, not to the size of the cache
+    /// (a full scan per call, with the LRU locked, stalled every reader and writer
+    /// whenever the cache was full of pages it could not free yet).
     fn reclaim(&self) {
         let cap = self.capacity_pages();
-        if self.nr_pages() <= cap {
+        let nr = self.nr_pages();
+        if nr <= cap {
             return;
         }
-        let mut lru = self.lru.lock();
-        let mut budget = lru.len();
+        let Some(mut lru) = self.lru.try_lock() else {
+            // Someone is reclaiming already; they free for everyone.
+            return;
+        };
+        let mut budget = lru.len().min(((nr - cap) as usize).saturating_mul(4) + 256);
         while self.nr_pages() > cap && budget > 0 {
             budget -= 1;
             let Some(e) = lru.pop_front() else { break };
             let Some(m) = e.mapping.upgrade() else {
                 continue;
             };
-            let mut inner = m.inner.lock();
+            // Try only: page insertion takes a mapping's lock, then this LRU lock, so
+            // waiting for a mapping here would be the other order (the kernel's reclaim
+            // likewise only trylocks a page and moves on).
+            let Some(mut inner) = m.inner.try_lock() else {
+                lru.push_back(e);
+                continue;
+            };
             match inner.pages.get_mut(&e.index) {
                 None => {}
                 Some(p) if p.dirty || p.writeback || p.reading || !p.uptodate => {
@@ -576,11 +590,10 @@ impl Mapping {
     pub fn writepages(&self, wbc: &mut Wbc) -> BlkResult {
         let max_pages = (self.bdi.queue().max_sectors() as u64 / PAGE_SECTORS).max(1);
         let (lo, hi) = wbc.range.unwrap_or((0, u64::MAX));
-        // Runs of (first index, page copies) to submit.
-        let mut runs: Vec<(u64, Vec<IoBuf>)> = Vec::new();
-        {
+        let integrity = wbc.sync_all || wbc.tagged;
+        // Phase 1, under the lock and cheap: tag, and pick the pages to visit, in order.
+        let (keys, mut next_cursor) = {
             let mut inner = self.inner.lock();
-            let integrity = wbc.sync_all || wbc.tagged;
             if integrity {
                 // tag_pages_for_writeback: only pages dirty now are written, so a writer
                 // that keeps dirtying cannot livelock this pass.
@@ -595,8 +608,9 @@ impl Mapping {
             } else {
                 lo
             };
+            let mut keys = Vec::new();
             let mut next_cursor = None;
-            'scan: for pass in 0..2 {
+            for pass in 0..2 {
                 let (a, b) = if pass == 0 {
                     (start, hi)
                 } else {
@@ -605,36 +619,69 @@ impl Mapping {
                 if pass == 1 && (!wbc.range_cyclic || start == lo) {
                     break;
                 }
-                // Look only as far as this call may write (plus room for busy pages
-                // it skips), not at every dirty page of a huge file.
+                // Look only as far as this call may write (plus room for busy pages it
+                // skips), not at every dirty page of a huge file.
                 let limit = if integrity {
                     usize::MAX
                 } else {
                     (wbc.nr_to_write.max(0) as usize).saturating_add(64)
                 };
-                let keys: Vec<u64> = inner
+                let pass_keys: Vec<u64> = inner
                     .pages
                     .range(a..=b.max(a))
                     .filter(|(_, p)| if integrity { p.towrite } else { p.dirty })
                     .map(|(k, _)| *k)
                     .take(limit)
                     .collect();
-                if keys.len() == limit {
+                let full = pass_keys.len() == limit;
+                keys.extend(pass_keys);
+                if full {
                     // More may follow: the next visit continues after this batch.
                     next_cursor = keys.last().map(|k| k + 1);
+                    break;
                 }
-                for k in keys {
+            }
+            (keys, next_cursor)
+        };
+        // Phase 2, one request's worth of pages at a time: claim and copy them under the
+        // lock, then submit with the lock dropped. The lock is never held for long (a
+        // completion of this file's earlier writes, on the device's completion thread,
+        // needs it, and every completion behind that one would wait), nor across a
+        // dispatch (which may complete inline, into this same lock).
+        let q = self.bdi.queue().clone();
+        let _plug = Plug::start();
+        let mut first_err = Ok(());
+        let mut registered = false;
+        let mut i = 0;
+        while i < keys.len() {
+            // Runs of (first index, page copies).
+            let mut runs: Vec<(u64, Vec<IoBuf>)> = Vec::new();
+            let mut claimed = 0u64;
+            {
+                let mut inner = self.inner.lock();
+                while i < keys.len() && claimed < max_pages {
+                    let k = keys[i];
                     if wbc.nr_to_write <= 0 && !wbc.sync_all {
                         next_cursor = Some(k);
-                        break 'scan;
+                        i = keys.len();
+                        break;
                     }
+                    i += 1;
+                    let mut skip = false;
                     while inner.pages.get(&k).is_some_and(|p| p.writeback) {
                         if !wbc.sync_all {
                             wbc.pages_skipped += 1;
+                            skip = true;
                             break;
                         }
-                        crate::block::flush_plug();
-                        self.cv.wait(&mut inner);
+                        // Our own plugged bios may be what it waits for.
+                        MutexGuard::unlocked(&mut inner, crate::block::flush_plug);
+                        if inner.pages.get(&k).is_some_and(|p| p.writeback) {
+                            self.cv.wait(&mut inner);
+                        }
+                    }
+                    if skip {
+                        continue;
                     }
                     let mut nd = inner.nr_dirty;
                     let Some(p) = inner.pages.get_mut(&k) else {
@@ -656,25 +703,41 @@ impl Mapping {
                         }
                         _ => runs.push((k, vec![copy])),
                     }
+                    claimed += 1;
                     wbc.nr_to_write -= 1;
                     wbc.written += 1;
                 }
             }
-            if wbc.range_cyclic {
-                inner.writeback_index = next_cursor.unwrap_or(0);
+            if claimed == 0 {
+                continue;
+            }
+            self.cache()
+                .nr_writeback
+                .fetch_add(claimed, Ordering::Relaxed);
+            self.bdi.account_writeback_start(claimed);
+            if !registered {
+                // Before any bio can complete (and unregister it), so sync sees it.
+                self.bdi
+                    .inode_writeback_start(&(self.arc() as Arc<dyn WbInode>));
+                registered = true;
+            }
+            if let Err(e) = self.submit_runs(&q, runs, wbc.bio_flags()) {
+                first_err = first_err.and(Err(e));
             }
         }
-        let nr: u64 = runs.iter().map(|(_, v)| v.len() as u64).sum();
-        if nr == 0 {
-            return Ok(());
+        if wbc.range_cyclic {
+            self.inner.lock().writeback_index = next_cursor.unwrap_or(0);
         }
-        self.cache().nr_writeback.fetch_add(nr, Ordering::Relaxed);
-        self.bdi.account_writeback_start(nr);
-        // Before any bio can complete (and unregister it), so sync sees it.
-        self.bdi
-            .inode_writeback_start(&(self.arc() as Arc<dyn WbInode>));
-        let q = self.bdi.queue().clone();
-        let _plug = Plug::start();
+        first_err
+    }
+
+    /// Map and submit runs of claimed pages (under writeback) as bios.
+    fn submit_runs(
+        &self,
+        q: &Arc<crate::block::RequestQueue>,
+        runs: Vec<(u64, Vec<IoBuf>)>,
+        flags: BioFlags,
+    ) -> BlkResult {
         let mut first_err = Ok(());
         for (start, pages) in runs {
             let n = pages.len() as u64;
@@ -686,6 +749,12 @@ impl Mapping {
                     continue;
                 }
             };
+            let mapped: u64 = map.iter().map(|r| r.1).sum();
+            if mapped < n {
+                // The filesystem has no blocks for the rest (the inode went away while
+                // its pages were being claimed): nothing to write, nothing failed.
+                self.end_writeback(start + mapped, n - mapped, u64::MAX, Ok(()));
+            }
             let mut it = pages.into_iter();
             let mut idx = start;
             for (sector, cnt) in map {
@@ -695,7 +764,7 @@ impl Mapping {
                         .copy_from_slice(pg.as_slice());
                 }
                 let bio = Bio::write(sector, buf)
-                    .with_flags(wbc.bio_flags())
+                    .with_flags(flags)
                     .with_end_io(Arc::new(WriteEnd {
                         mapping: self.arc(),
                         index: idx,

@@ -378,6 +378,8 @@ struct InodeState {
     io_round: u64,
     /// Visited at least once in this dirty episode.
     visited: bool,
+    /// When it was last handed out for writing.
+    last_visit: u64,
 }
 
 impl InodeState {
@@ -392,6 +394,7 @@ impl InodeState {
             queued_round: None,
             io_round: 0,
             visited: false,
+            last_visit: 0,
         }
     }
 }
@@ -419,6 +422,9 @@ pub struct WbLists {
     pass_cutoff: Option<Cutoff>,
     stats: FairnessStats,
     history: Option<Vec<VisitRecord>>,
+    /// The sync work being served (its start time) and when its first pass began:
+    /// inodes it visited itself are not swept up again (livelock guard).
+    sync_pass: Option<(u64, u64)>,
 }
 
 impl Default for WbLists {
@@ -447,6 +453,7 @@ impl WbLists {
             pass_cutoff: None,
             stats: FairnessStats::default(),
             history: None,
+            sync_pass: None,
         }
     }
 
@@ -817,6 +824,40 @@ impl WbLists {
             }
             moved += 1;
         }
+        if let WorkKind::Sync | WorkKind::SyncNone = work.kind {
+            // A sync takes every inode dirty before it started. The walk above stops
+            // at the first inode stamped after the cut-off, but requeueing re-stamps
+            // inodes that stay dirty (redirty_tail): one dirty since long before the
+            // sync may sit among younger ones. Sync is rare; look at them all, except
+            // those this sync already wrote (a writer dirtying them again must not
+            // livelock it: requeue re-stamped them for that).
+            let start = work.start_ns.min(now);
+            let first_pass = match self.sync_pass {
+                Some((s, p)) if s == work.start_ns => p,
+                _ => {
+                    self.sync_pass = Some((work.start_ns, now));
+                    now
+                }
+            };
+            let late: Vec<InodeId> = self
+                .list(ListId::Dirty)
+                .into_iter()
+                .filter(|i| {
+                    self.inodes
+                        .get(i)
+                        .is_some_and(|s| s.dirty_since <= start && s.last_visit < first_pass)
+                })
+                .collect();
+            for ino in late {
+                self.push_head(ino, ListId::Io);
+                if let Some(st) = self.inodes.get_mut(&ino) {
+                    st.sync_queued = true;
+                    st.queued_round = Some(round);
+                    st.io_round = round;
+                }
+                moved += 1;
+            }
+        }
         self.b_io_fixed = fixed;
         QueueIoResult {
             round,
@@ -871,6 +912,7 @@ impl WbLists {
             let round = self.round;
             let st = self.inodes.get_mut(&ino).expect("checked above");
             st.syncing = true;
+            st.last_visit = now;
             let queued_round = st.queued_round.unwrap_or(round).min(round);
             let first = if st.visited {
                 None
