@@ -7,7 +7,7 @@ use std::time::Duration;
 use wbstack::block::IoStatsMode;
 
 /// Every experiment that exists so far.
-pub const EXPERIMENTS: &[&str] = &["plug", "expire", "inflight", "fsync"];
+pub const EXPERIMENTS: &[&str] = &["plug", "expire", "inflight", "wbt", "fsync"];
 
 #[derive(Clone, Debug)]
 pub struct LabOpts {

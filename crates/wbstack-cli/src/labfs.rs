@@ -468,3 +468,141 @@ pub fn print_fsync(e: &Experiment<FsyncArm>) {
         );
     }
 }
+
+// ---- seed 003: writeback throttling --------------------------------------------------
+
+#[derive(Serialize, Clone, Debug)]
+pub struct WbtArm {
+    pub name: String,
+    pub device: String,
+    /// 0: wbt off; else its target.
+    pub wbt_lat_usec: u64,
+    pub read_p50_us: u64,
+    pub read_p99_us: u64,
+    pub read_p9999_us: u64,
+    pub read_max_us: u64,
+    pub read_over: u64,
+    pub write_p9999_us: u64,
+    pub read_kib_s: u64,
+    pub write_kib_s: u64,
+    /// The background dd's rate (the heavy writeback wbt throttles).
+    pub dd_mib_s: f64,
+    /// Where wbt's scaling ended (negative: deeper than default).
+    pub wbt_scale_step: i64,
+    pub wbt_waits: u64,
+}
+
+/// Seed 003: readlat (4 KiB sequential reads of a cold file, 10 ms target, piped to a
+/// writer) while a buffered dd floods writeback, wbt off and on, on a simulated disk
+/// and SSD.
+pub fn wbt(o: &LabOpts) -> Result<Experiment<WbtArm>, String> {
+    use crate::readlat::{self, ReadlatOpts};
+    let (hdd, ssd) = if o.quick {
+        ((32u64 << 20, 256u64 << 20), (128u64 << 20, 1u64 << 30))
+    } else {
+        ((64 << 20, 512 << 20), (256 << 20, 2 << 30))
+    };
+    let mut arms = Vec::new();
+    for (dev, (read, dd), default_lat) in [
+        ("sim:hdd,size=64G", hdd, 75_000u64),
+        ("sim:ssd,size=64G", ssd, 2_000),
+    ] {
+        for lat in [0, default_lat] {
+            crate::util::status(&format!("  wbt: {dev} wbt_lat_usec={lat}"));
+            let fs = volfs::open(dev, &format!("wbt_lat_usec={lat}"))?;
+            let opts = ReadlatOpts {
+                size: read,
+                background_dd: dd,
+                dd_lead: read,
+                ..Default::default()
+            };
+            let r = readlat::run(&opts, fs)?;
+            let w = &r.extra["wbt"];
+            arms.push(WbtArm {
+                name: format!(
+                    "{}-{}",
+                    dev.split(',').next().unwrap_or(dev),
+                    if lat == 0 { "off" } else { "on" }
+                ),
+                device: dev.into(),
+                wbt_lat_usec: lat,
+                read_p50_us: r.read_p50_us,
+                read_p99_us: r.read_p99_us,
+                read_p9999_us: r.read_p9999_us,
+                read_max_us: r.read_max_us,
+                read_over: r.read_over,
+                write_p9999_us: r.write_p9999_us,
+                read_kib_s: r.read_kib_s,
+                write_kib_s: r.write_kib_s,
+                dd_mib_s: r.dd.as_ref().map_or(0.0, |d| d.mib_s),
+                wbt_scale_step: w["scale_step"].as_i64().unwrap_or(0),
+                wbt_waits: w["waits"][0].as_u64().unwrap_or(0),
+            });
+        }
+    }
+    crate::util::status_done();
+    Ok(Experiment {
+        experiment: "wbt",
+        arms,
+        note: Some(format!(
+            "readlat: 4 KiB sequential reads of a cold file (sim:hdd {} MiB, sim:ssd {} MiB), 10 ms target, piped to a writer, while dd bs=1M writes {} / {} MiB",
+            hdd.0 >> 20,
+            ssd.0 >> 20,
+            hdd.1 >> 20,
+            ssd.1 >> 20
+        )),
+    })
+}
+
+pub fn print_wbt(e: &Experiment<WbtArm>) {
+    println!("seed 003 — writeback throttling: reads under heavy background writeback");
+    if let Some(n) = &e.note {
+        println!("{n}");
+    }
+    println!();
+    println!(
+        "{:<12} {:>9} {:>9} {:>10} {:>10} {:>6} {:>10} {:>9} {:>9} {:>8} {:>5}",
+        "arm", "wbt lat", "read p50", "p99", "p99.99", "Over", "max", "write", "read", "dd", "step"
+    );
+    println!(
+        "{:<12} {:>9} {:>9} {:>10} {:>10} {:>6} {:>10} {:>9} {:>9} {:>8} {:>5}",
+        "", "usec", "usec", "usec", "usec", "", "usec", "p99.99", "KB/s", "MiB/s", ""
+    );
+    println!("{}", "-".repeat(108));
+    for a in &e.arms {
+        println!(
+            "{:<12} {:>9} {:>9} {:>10} {:>10} {:>6} {:>10} {:>9} {:>9} {:>8.0} {:>5}",
+            a.name,
+            a.wbt_lat_usec,
+            a.read_p50_us,
+            a.read_p99_us,
+            a.read_p9999_us,
+            a.read_over,
+            a.read_max_us,
+            a.write_p9999_us,
+            a.read_kib_s,
+            a.dd_mib_s,
+            a.wbt_scale_step
+        );
+    }
+    println!();
+    println!("the seed (read-to-pipe-async of a 9 GB file to gzip, 75% of memory in CPU hogs):");
+    println!("  off: p99 54 us, p99.99 17,952 us, Over=333, max 215,367 us; writers p99.99 1,142 us; read 88,988 KB/s, write 60,019 KB/s");
+    println!("  on:  p99 55 us, p99.99  2,652 us, Over=1,   max  10,221 us; writers p99.99 1,106 us; read 95,506 KB/s, write 59,970 KB/s");
+    for dev in ["sim:hdd", "sim:ssd"] {
+        let get = |on: bool| {
+            e.arms
+                .iter()
+                .find(|a| a.device.starts_with(dev) && (a.wbt_lat_usec != 0) == on)
+        };
+        if let (Some(off), Some(on)) = (get(false), get(true)) {
+            println!(
+                "{dev}: with wbt p99.99 {:.2}x, max {:.2}x, Over {:.2}x of off; write rate {:.0}% of off",
+                on.read_p9999_us as f64 / off.read_p9999_us.max(1) as f64,
+                on.read_max_us as f64 / off.read_max_us.max(1) as f64,
+                on.read_over as f64 / off.read_over.max(1) as f64,
+                on.write_kib_s as f64 / off.write_kib_s.max(1) as f64 * 100.0
+            );
+        }
+    }
+}

@@ -101,7 +101,8 @@ struct ImageArgs {
 
 #[derive(Args)]
 struct LabArgs {
-    /// Experiment to run: plug (seed 000), expire (001), inflight (002), fsync (004).
+    /// Experiment to run: plug (seed 000), expire (001), inflight (002), wbt (003),
+    /// fsync (004).
     /// Without one,
     /// every experiment runs with --quick.
     experiment: Option<String>,
@@ -353,6 +354,7 @@ fn run_lab(a: LabArgs) -> Result<(), String> {
             "plug" => emit(&labfs::plug(&opts)?, a.json, labfs::print_plug)?,
             "expire" => emit(&labfs::expire(&opts)?, a.json, labfs::print_expire)?,
             "fsync" => emit(&labfs::fsync(&opts)?, a.json, labfs::print_fsync)?,
+            "wbt" => emit(&labfs::wbt(&opts)?, a.json, labfs::print_wbt)?,
             other => {
                 return Err(format!(
                     "unknown experiment '{other}' (known: {})",
