@@ -268,7 +268,7 @@ pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
     if job.jobs == 0 || job.iodepth == 0 {
         return Err("--jobs and --iodepth must be at least 1".into());
     }
-    if job.bs == 0 || job.bs % 512 != 0 {
+    if job.bs == 0 || !job.bs.is_multiple_of(512) {
         return Err(format!("--bs {} is not a multiple of 512 bytes", job.bs));
     }
     let q = RequestQueue::open(
@@ -279,7 +279,7 @@ pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
         },
     )?;
     let lbs = q.geometry().logical_block_size as usize;
-    if job.bs % lbs != 0 {
+    if !job.bs.is_multiple_of(lbs) {
         return Err(format!(
             "--bs {} is not a multiple of the device's logical block size {lbs}",
             job.bs

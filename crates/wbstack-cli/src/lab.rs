@@ -127,8 +127,8 @@ pub fn print_inflight(e: &Experiment<InflightArm>) {
     }
     println!();
     println!(
-        "{:>4}  {:<7} {:>9} {:>6} {:>6} {:>7}   {}",
-        "jobs", "stats", "IOPS", "usr", "sys", "vs off", "seed (48 queues, 32 jobs)"
+        "{:>4}  {:<7} {:>9} {:>6} {:>6} {:>7}   seed (48 queues, 32 jobs)",
+        "jobs", "stats", "IOPS", "usr", "sys", "vs off"
     );
     println!("{}", "-".repeat(88));
     let seed = |jobs: usize, m: IoStatsMode| -> &'static str {

@@ -638,14 +638,13 @@ fn main() -> ExitCode {
         Cmd::Lab(a) => run_lab(a),
         Cmd::Bench(BenchCmd::Blk(a)) => run_blk(a),
         Cmd::Bench(BenchCmd::Smallfiles(a)) => {
-            wbstack_cli::wbbench::smallfiles(&a.device, a.files, a.file_size).and_then(|arms| {
+            wbstack_cli::wbbench::smallfiles(&a.device, a.files, a.file_size).map(|arms| {
                 if a.json {
                     let v = serde_json::json!({"experiment": "smallfiles", "arms": arms});
                     println!("{v}");
                 } else {
                     wbstack_cli::wbbench::print_smallfiles(&arms);
                 }
-                Ok(())
             })
         }
         Cmd::Bench(BenchCmd::Fsmark(a)) => run_fsmark(a),

@@ -26,7 +26,7 @@ pub struct SmallFilesArm {
 /// N adjacent small files written into the cache, then written back by one sync, with
 /// writeback_plug on and off, each on a fresh device.
 pub fn smallfiles(device: &str, files: u64, file_size: u64) -> Result<Vec<SmallFilesArm>, String> {
-    if file_size == 0 || file_size % 4096 != 0 {
+    if file_size == 0 || !file_size.is_multiple_of(4096) {
         return Err(format!(
             "--file-size {file_size} must be a positive multiple of 4096"
         ));

@@ -576,7 +576,7 @@ impl Mapping {
             self.cache().nr_pages.fetch_sub(1, Ordering::Relaxed);
         }
         // Zero the tail of a now-partial last page so a later extension reads zeros.
-        if size % PAGE_SIZE as u64 != 0 {
+        if !size.is_multiple_of(PAGE_SIZE as u64) {
             if let Some(p) = inner.pages.get_mut(&(size / PAGE_SIZE as u64)) {
                 p.buf.as_mut_slice()[(size % PAGE_SIZE as u64) as usize..].fill(0);
             }

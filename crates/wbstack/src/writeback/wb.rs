@@ -398,7 +398,7 @@ impl Bdi {
             }
             if d.pause_ns > 0 {
                 trace::emit("balance_dirty_pages", || {
-                    serde_json::to_value(&d.trace).unwrap_or_default()
+                    serde_json::to_value(d.trace).unwrap_or_default()
                 });
                 {
                     let mut s = self.stats.lock();
@@ -493,7 +493,7 @@ impl Bdi {
             expire_first: cfg.expire_first,
             dirty_expire_ns: cfg.expire_ns(),
         };
-        let mut work = item.work.lock().clone();
+        let mut work = *item.work.lock();
         trace::emit(
             "writeback_start",
             || json!({"kind": format!("{:?}", work.kind), "nr_pages": work.nr_pages}),
@@ -519,11 +519,11 @@ impl Bdi {
             let now = self.clock.now_ns();
             {
                 let mut l = self.lists.lock();
-                l.set_config(pcfg.clone());
+                l.set_config(pcfg);
                 if let Some(r) = l.begin_pass(&work, now) {
                     queued = true;
                     trace::emit("writeback_queue_io", || {
-                        serde_json::to_value(&r).unwrap_or_default()
+                        serde_json::to_value(r).unwrap_or_default()
                     });
                 }
             }
