@@ -816,12 +816,7 @@ impl WbLists {
                 }
                 break;
             }
-            self.push_head(ino, ListId::Io);
-            if let Some(st) = self.inodes.get_mut(&ino) {
-                st.sync_queued = true;
-                st.queued_round = Some(round);
-                st.io_round = round;
-            }
+            self.queue_into_round(ino, round);
             moved += 1;
         }
         if let WorkKind::Sync | WorkKind::SyncNone = work.kind {
@@ -849,12 +844,7 @@ impl WbLists {
                 })
                 .collect();
             for ino in late {
-                self.push_head(ino, ListId::Io);
-                if let Some(st) = self.inodes.get_mut(&ino) {
-                    st.sync_queued = true;
-                    st.queued_round = Some(round);
-                    st.io_round = round;
-                }
+                self.queue_into_round(ino, round);
                 moved += 1;
             }
         }
@@ -865,6 +855,16 @@ impl WbLists {
             moved,
             cutoff: first_cutoff,
             switched_to_all: switched,
+        }
+    }
+
+    /// Move `ino` from `b_dirty` into `b_io` as a member of refill `round`.
+    fn queue_into_round(&mut self, ino: InodeId, round: u64) {
+        self.push_head(ino, ListId::Io);
+        if let Some(st) = self.inodes.get_mut(&ino) {
+            st.sync_queued = true;
+            st.queued_round = Some(round);
+            st.io_round = round;
         }
     }
 
