@@ -399,3 +399,45 @@ fn an_empty_commit_leaves_no_gap_in_the_journal() {
     assert_eq!(read_file(&v, "/after"), b"durable");
     v.unmount().unwrap();
 }
+
+#[test]
+fn a_write_truncated_away_in_flight_does_not_bring_the_size_back() {
+    let (q, v) = fresh("sim:ssd,size=64M");
+    let f = v.create("/f").unwrap();
+    f.write_at(0, &pattern(1, 16384)).unwrap();
+    sim(&q).hold(true);
+    let h = v.bdi().start_writeback();
+    let t0 = std::time::Instant::now();
+    while sim(&q).pending() == 0 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "writeback never reached the device"
+        );
+        std::thread::yield_now();
+    }
+    f.set_len(0).unwrap(); // the in-flight write is now dead
+    f.write_at(20000, b"x").unwrap(); // the file grows again, sparsely, in the cache
+    sim(&q).hold(false);
+    h.wait().unwrap();
+    // The truncation dropped the pages, so only the device says when the dead write
+    // has completed.
+    let t0 = std::time::Instant::now();
+    while sim(&q).pending() > 0 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the held write never completed"
+        );
+        std::thread::yield_now();
+    }
+    // Commit whatever the completion logged, then crash before /f's new page is written.
+    let g = v.create("/g").unwrap();
+    g.fsync().unwrap();
+    sim(&q).power_cut(false);
+    drop((f, g));
+    v.crash();
+    sim(&q).reboot();
+    assert_clean(&q);
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    assert_eq!(v.stat("/f").unwrap().size, 0, "the truncation stands");
+    v.unmount().unwrap();
+}

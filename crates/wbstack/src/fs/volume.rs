@@ -743,6 +743,10 @@ impl AddressSpaceOps for Aops {
         let gen = vol.barrier_started.load(Ordering::Acquire);
         let mut st = vol.st.lock();
         let blk = sector / SECTORS_PER_BLOCK;
+        // How far this write extends the file's data on disk: all of it for an
+        // overwrite of blocks already mapped, only the blocks it mapped for new ones (a
+        // write truncated away while in flight must not bring the size back).
+        let mut written_end = ((index + n) * PAGE).min(i_size);
         if let Some(inf) = st.inflight.remove(&blk) {
             if let Some(l) = st.live.get_mut(&inf.ino) {
                 if l.pending.get(&inf.fblock).is_some_and(|e| e.0 == blk) {
@@ -781,6 +785,7 @@ impl AddressSpaceOps for Aops {
                 // Never referenced by any committed metadata: reusable at once.
                 let _ = st.meta.alloc.free(blk + alive, inf.len - alive);
             }
+            written_end = written_end.min((inf.fblock + alive) * PAGE);
             if !st.ordered.is_empty() {
                 vol.ordered_cv.notify_all();
             }
@@ -789,7 +794,6 @@ impl AddressSpaceOps for Aops {
             vol.sb_err.set(e.errno());
             return;
         }
-        let written_end = ((index + n) * PAGE).min(i_size);
         if let Some(l) = st.live.get_mut(&ino).filter(|l| l.trunc_pending) {
             l.deferred_size = l.deferred_size.max(written_end);
             l.data_gen = Some(gen);
