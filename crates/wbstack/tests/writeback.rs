@@ -438,3 +438,80 @@ fn sync_waits_for_writeback_started_before_it() {
         "sync returned with pages under writeback"
     );
 }
+
+/// An inode whose "any dirty pages?" answer is staged by the test: the first check
+/// after `arm` runs `during_check` (another thread dirtying the inode) and answers from
+/// before it, exactly the interleaving of a write landing inside the clean check.
+struct StagedInode {
+    dirty: AtomicBool,
+    writes: AtomicU64,
+    armed: AtomicBool,
+    during_check: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl wbstack::writeback::WbInode for StagedInode {
+    fn ino(&self) -> u64 {
+        7
+    }
+    fn writepages(&self, _wbc: &mut wbstack::writeback::Wbc) -> wbstack::block::BlkResult {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.dirty.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+    fn has_dirty_pages(&self) -> bool {
+        let before = self.dirty.load(Ordering::SeqCst);
+        if self.armed.swap(false, Ordering::SeqCst) {
+            if let Some(f) = self.during_check.lock().take() {
+                f();
+            }
+        }
+        before
+    }
+}
+
+#[test]
+fn a_page_dirtied_while_its_inode_is_found_clean_is_not_forgotten() {
+    // Found by crashtest: "no dirty pages" and taking the inode off the lists were two
+    // steps; a page dirtied between them left the inode dirty on no list, never
+    // written back, not even by sync.
+    let v = Arc::new(volume(
+        "sim:ssd,size=64M",
+        CacheConfig::default(),
+        quiet_wb(true),
+        64,
+    ));
+    let inode = Arc::new(StagedInode {
+        dirty: AtomicBool::new(true),
+        writes: AtomicU64::new(0),
+        armed: AtomicBool::new(false),
+        during_check: parking_lot::Mutex::new(None),
+    });
+    v.bdi.mark_inode_dirty(inode.clone());
+    inode.dirty.store(false, Ordering::SeqCst); // an fsync wrote it all
+    let marked = Arc::new(AtomicBool::new(false));
+    let (bdi, ino2, m2) = (v.bdi.clone(), inode.clone(), marked.clone());
+    *inode.during_check.lock() = Some(Box::new(move || {
+        // A writer dirties a page and marks the inode dirty, from another thread. If
+        // the check holds the lists lock (as it must) this cannot finish now: wait a
+        // bounded time, then let the check go on with its stale answer.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            ino2.dirty.store(true, Ordering::SeqCst);
+            bdi.mark_inode_dirty(ino2.clone());
+            m2.store(true, Ordering::SeqCst);
+            let _ = tx.send(());
+        });
+        let _ = rx.recv_timeout(Duration::from_millis(200));
+    }));
+    inode.armed.store(true, Ordering::SeqCst);
+    v.bdi.inode_maybe_clean(7);
+    wait_for("the writer's mark_inode_dirty", || {
+        marked.load(Ordering::SeqCst)
+    });
+    let before = inode.writes.load(Ordering::SeqCst);
+    v.bdi.sync().unwrap();
+    assert!(
+        inode.writes.load(Ordering::SeqCst) > before,
+        "the re-dirtied inode was left off the lists: sync never wrote it"
+    );
+}

@@ -307,8 +307,14 @@ impl Bdi {
     /// __mark_inode_dirty for a clean→dirty transition of the inode's pages.
     pub fn mark_inode_dirty(&self, inode: Arc<dyn WbInode>) {
         let ino = inode.ino();
+        // Under the lists lock, like every decision that an inode is clean: a dirtying
+        // then either comes before that decision (which sees the dirty page) or after
+        // the removal (and puts the inode back). Lock order: lists, then an inode's
+        // page lock, then `inodes`; nobody takes the lists lock holding a page lock.
+        let mut lists = self.lists.lock();
         self.inodes.lock().insert(ino, inode);
-        let first = self.lists.lock().mark_dirty(ino, self.clock.now_ns());
+        let first = lists.mark_dirty(ino, self.clock.now_ns());
+        drop(lists);
         if first {
             // The flusher recomputes its sleep: the next kupdate is due an interval
             // after the last one (wb_wakeup_delayed).
@@ -321,7 +327,11 @@ impl Bdi {
     pub fn inode_maybe_clean(&self, ino: u64) {
         let inode = self.inodes.lock().get(&ino).cloned();
         if let Some(i) = inode {
-            if !i.has_dirty_pages() && self.lists.lock().inode_clean(ino) {
+            // Checked and removed under one lists lock hold: a page dirtied between
+            // "no dirty pages" and the removal would otherwise leave the inode dirty
+            // on no list, never written back (its dirtying saw it still listed).
+            let mut lists = self.lists.lock();
+            if !i.has_dirty_pages() && lists.inode_clean(ino) {
                 self.inodes.lock().remove(&ino);
             }
         }
@@ -473,12 +483,14 @@ impl Bdi {
         let mut wbc = Wbc::sync_range(lo, hi);
         let r = inode.writepages(&mut wbc);
         inode.wait_writeback_all();
-        let still_dirty = inode.has_dirty_pages();
-        self.lists
-            .lock()
-            .finish_single_inode(ino, still_dirty, self.clock.now_ns());
-        if !still_dirty {
-            self.inodes.lock().remove(&ino);
+        {
+            // Checked under the lists lock (see mark_inode_dirty).
+            let mut lists = self.lists.lock();
+            let still_dirty = inode.has_dirty_pages();
+            lists.finish_single_inode(ino, still_dirty, self.clock.now_ns());
+            if !still_dirty {
+                self.inodes.lock().remove(&ino);
+            }
         }
         trace::emit(
             "writeback_single_inode",
@@ -609,17 +621,21 @@ impl Bdi {
                 s.inodes_written += 1;
                 s.pages_written += wbc.written as u64;
             }
-            let outcome = Outcome {
-                still_dirty_pages: still_dirty,
-                metadata_dirty: false,
-                nr_to_write_left: wbc.nr_to_write,
-                pages_skipped: wbc.pages_skipped,
-                sync_all_or_tagged: wbc.sync_all || wbc.tagged,
-            };
             let now = self.clock.now_ns();
-            let clean = self.lists.lock().requeue(ino, outcome, now).is_clean();
-            if clean {
-                self.inodes.lock().remove(&ino);
+            {
+                // Dirtiness is read again under the lists lock: a page dirtied since
+                // the look above must keep the inode listed (see mark_inode_dirty).
+                let mut lists = self.lists.lock();
+                let outcome = Outcome {
+                    still_dirty_pages: inode.has_dirty_pages(),
+                    metadata_dirty: false,
+                    nr_to_write_left: wbc.nr_to_write,
+                    pages_skipped: wbc.pages_skipped,
+                    sync_all_or_tagged: wbc.sync_all || wbc.tagged,
+                };
+                if lists.requeue(ino, outcome, now).is_clean() {
+                    self.inodes.lock().remove(&ino);
+                }
             }
             if progress > 0
                 && (policy::slice_expired(start, now, progress as u64) || work.nr_pages <= 0)
