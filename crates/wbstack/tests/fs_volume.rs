@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{fresh_with, queue, quiet, sim};
+use common::{fresh_with, queue, quiet, sim, writeback_held_in_device};
 use std::sync::Arc;
 use wbstack::block::RequestQueue;
 use wbstack::fs::fsck::fsck;
@@ -323,16 +323,7 @@ fn orphans_are_deleted_at_mount() {
 fn extents_are_journaled_only_after_their_data_is_written() {
     let (q, v) = fresh("sim:ssd,size=64M");
     write_file(&v, "/a", &pattern(1, 8192));
-    sim(&q).hold(true);
-    let h = v.bdi().start_writeback();
-    let t0 = std::time::Instant::now();
-    while sim(&q).pending() == 0 {
-        assert!(
-            t0.elapsed().as_secs() < 10,
-            "writeback never reached the device"
-        );
-        std::thread::yield_now();
-    }
+    let h = writeback_held_in_device(&q, &v);
     // Blocks are allocated and the write is in the device, but no metadata maps
     // them yet: any commit now would leave /a without them, never pointing at
     // blocks that may hold garbage.
@@ -405,16 +396,7 @@ fn a_write_truncated_away_in_flight_does_not_bring_the_size_back() {
     let (q, v) = fresh("sim:ssd,size=64M");
     let f = v.create("/f").unwrap();
     f.write_at(0, &pattern(1, 16384)).unwrap();
-    sim(&q).hold(true);
-    let h = v.bdi().start_writeback();
-    let t0 = std::time::Instant::now();
-    while sim(&q).pending() == 0 {
-        assert!(
-            t0.elapsed().as_secs() < 10,
-            "writeback never reached the device"
-        );
-        std::thread::yield_now();
-    }
+    let h = writeback_held_in_device(&q, &v);
     f.set_len(0).unwrap(); // the in-flight write is now dead
     f.write_at(20000, b"x").unwrap(); // the file grows again, sparsely, in the cache
     sim(&q).hold(false);

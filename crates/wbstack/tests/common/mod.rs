@@ -29,3 +29,22 @@ pub fn fresh_with(spec: &str, o: MountOptions) -> (Arc<RequestQueue>, Volume) {
     let v = Volume::mount(q.clone(), o).unwrap();
     (q, v)
 }
+
+/// Hold the device and start writeback of everything dirty; return once a write is
+/// inside the device (held there until `sim(q).hold(false)`).
+pub fn writeback_held_in_device(
+    q: &Arc<RequestQueue>,
+    v: &Volume,
+) -> wbstack::writeback::WorkHandle {
+    sim(q).hold(true);
+    let h = v.bdi().start_writeback();
+    let t0 = std::time::Instant::now();
+    while sim(q).pending() == 0 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "writeback never reached the device"
+        );
+        std::thread::yield_now();
+    }
+    h
+}
