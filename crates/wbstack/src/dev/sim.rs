@@ -11,6 +11,11 @@
 //!     bound;
 //!   - `riops=200000`: the same for reads;
 //!   - `bw=400M`: media bandwidth in bytes/s, split over `par=4` channels;
+//!   - `stripe=32k`: data is striped over the channels in units of this size by
+//!     address, as an FTL spreads pages over dies: a request occupies the channels its
+//!     units land on and each channel serves its units in arrival order, so a large
+//!     write keeps every channel busy and a read waits for the writes queued ahead of
+//!     it on its channels;
 //!   - `lat=80us`: latency added after the transfer (pipelined, it costs no throughput);
 //!   - `flush_lat=200us`: cost of a cache flush.
 //! - `sim:hdd[,opts]`: size=1T, lbs=4096, hw_queues=1, qd=32, max_hw_kb=32768, wc=1,
@@ -31,7 +36,7 @@
 //! when the completion thread happens to wake up, so throughput is exact as long as the
 //! device has work queued.
 
-use super::store::{SparseStore, CHUNK};
+use super::store::{Chunk, SparseStore, CHUNK};
 use super::timer::CompletionTimer;
 use super::{
     geometry_from_spec, nr_cpus, Completer, Device, DeviceSpec, Geometry, RqComplete, SpecError,
@@ -43,10 +48,9 @@ use parking_lot::{Mutex, ReentrantMutex};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::any::Any;
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-
-const CHUNK_SECTORS: u64 = CHUNK as u64 / SECTOR_SIZE;
 
 /// RNG streams derived from the seed, so that e.g. enabling latency spikes does not
 /// change which sectors a power cut tears.
@@ -82,6 +86,7 @@ struct SsdTiming {
     bw: u64,
     lat_ns: u64,
     par: usize,
+    stripe_sectors: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,7 +165,6 @@ impl Media {
         nr_sectors: u64,
         rng: &mut ChaCha8Rng,
     ) -> u64 {
-        let bytes = nr_sectors * SECTOR_SIZE;
         match self {
             Media::Ssd {
                 t,
@@ -179,15 +183,24 @@ impl Media {
                 if !op.has_data() {
                     return ctrl_done.saturating_add(t.lat_ns);
                 }
-                let Some((ch, &free)) = chan_free.iter().enumerate().min_by_key(|(_, f)| **f)
-                else {
-                    return ctrl_done.saturating_add(t.lat_ns);
-                };
-                let end = ctrl_done
-                    .max(free)
-                    .saturating_add(xfer_ns(bytes * chan_free.len() as u64, t.bw));
-                chan_free[ch] = end;
-                end.saturating_add(t.lat_ns)
+                // Each channel serves its units in arrival order: a read queued behind
+                // writes on its channels waits for them, whatever the other channels do.
+                let par = chan_free.len() as u64;
+                let unit = t.stripe_sectors.max(1);
+                let (mut s, end) = (sector, sector + nr_sectors);
+                let mut done = ctrl_done;
+                while s < end {
+                    let u = s / unit;
+                    let next = ((u + 1) * unit).min(end);
+                    let ch = (u % par) as usize;
+                    let fin = ctrl_done
+                        .max(chan_free[ch])
+                        .saturating_add(xfer_ns((next - s) * SECTOR_SIZE * par, t.bw));
+                    chan_free[ch] = fin;
+                    done = done.max(fin);
+                    s = next;
+                }
+                done.saturating_add(t.lat_ns)
             }
             Media::Hdd {
                 t,
@@ -212,7 +225,7 @@ impl Media {
                 };
                 *head_free = start
                     .saturating_add(position)
-                    .saturating_add(xfer_ns(bytes, t.bw));
+                    .saturating_add(xfer_ns(nr_sectors * SECTOR_SIZE, t.bw));
                 *head_pos = sector + nr_sectors;
                 *head_free
             }
@@ -354,13 +367,22 @@ impl Model {
     }
 }
 
+/// The durable contents of the chunks written since the last flush (None: absent, reads
+/// as zeros). The durable image is `current` with these put back.
+type UndoLog = HashMap<u64, Option<Chunk>>;
+
 /// The media contents, touched only when requests complete (in due order) and by
 /// power cuts.
+///
+/// Only what a cut would lose is kept twice: before a volatile write first touches a
+/// chunk, the chunk's durable version goes into an undo log. A flush then just forgets
+/// the log (its cost does not grow with the data written since the last one, which
+/// would stall every completion behind the flush for as long as copying took), and a
+/// power cut puts the log back.
 struct Data {
     /// What reads return: media plus volatile cache.
     current: SparseStore,
-    /// What survives a power cut.
-    durable: SparseStore,
+    undo: UndoLog,
     /// Writes and discards in the cache since the last flush, (sector, nr_sectors).
     unflushed: Vec<(u64, u64)>,
     dark: bool,
@@ -371,17 +393,43 @@ struct Data {
 }
 
 impl Data {
-    fn flush(&mut self) {
-        if self.unflushed.is_empty() {
-            return;
-        }
-        let idxs: Vec<u64> = self
-            .unflushed
-            .iter()
-            .flat_map(|&(s, n)| SparseStore::chunk_range(s, n))
-            .collect();
-        self.durable.copy_chunks_from(&self.current, idxs);
+    /// Everything written so far is durable. Returns the forgotten undo log, for the
+    /// caller to drop outside the lock.
+    #[must_use]
+    fn flush(&mut self) -> UndoLog {
         self.unflushed.clear();
+        std::mem::take(&mut self.undo)
+    }
+
+    /// Sectors [sector, sector + nr) are about to change in the cache only.
+    fn remember(&mut self, sector: u64, nr: u64) {
+        for idx in SparseStore::chunk_range(sector, nr) {
+            if let std::collections::hash_map::Entry::Vacant(v) = self.undo.entry(idx) {
+                v.insert(self.current.chunk(idx));
+            }
+        }
+        self.note_unflushed(sector, nr);
+    }
+
+    /// `data` at `sector` reached the media (FUA): the durable version of its chunks
+    /// gets it too, and their other sectors keep whatever durability they had.
+    fn write_through(&mut self, sector: u64, data: &[u8]) {
+        let mut pos = sector * SECTOR_SIZE;
+        let mut done = 0;
+        while done < data.len() {
+            let idx = pos / CHUNK as u64;
+            let off = (pos % CHUNK as u64) as usize;
+            let n = (CHUNK - off).min(data.len() - done);
+            if n == CHUNK {
+                // The whole chunk is new and durable: current is its durable version.
+                self.undo.remove(&idx);
+            } else if let Some(pre) = self.undo.get_mut(&idx) {
+                let c = pre.get_or_insert_with(|| Arc::new([0u8; CHUNK]));
+                Arc::make_mut(c)[off..off + n].copy_from_slice(&data[done..done + n]);
+            }
+            done += n;
+            pos += n as u64;
+        }
     }
 
     fn note_unflushed(&mut self, sector: u64, nr: u64) {
@@ -395,42 +443,51 @@ impl Data {
         self.unflushed.push((sector, nr));
     }
 
-    /// Each unflushed sector reaches the media with probability 1/2. Sectors are visited
-    /// in ascending order so the outcome depends only on the seed and which sectors
-    /// were unflushed, not on completion order.
-    fn tear_unflushed(&mut self) {
-        let mut ranges: Vec<(u64, u64)> = self.unflushed.iter().map(|&(s, n)| (s, s + n)).collect();
-        ranges.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
-        for (s, e) in ranges {
-            match merged.last_mut() {
-                Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                _ => merged.push((s, e)),
-            }
-        }
-        for (start, end) in merged {
-            let mut run: Option<u64> = None;
-            for s in start..end {
-                let survives = self.torn_rng.gen::<bool>();
-                match (survives, run) {
-                    (true, None) => run = Some(s),
-                    (false, Some(r)) => {
-                        self.persist(r, s);
-                        run = None;
-                    }
-                    _ => {}
+    /// The power went: `current` falls back to the durable image. With `torn`, each
+    /// unflushed sector reaches the media with probability 1/2 first. Sectors are
+    /// visited in ascending order so the outcome depends only on the seed and which
+    /// sectors were unflushed, not on completion order.
+    fn lose_cache(&mut self, torn: bool) {
+        if torn {
+            let mut ranges: Vec<(u64, u64)> =
+                self.unflushed.iter().map(|&(s, n)| (s, s + n)).collect();
+            ranges.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+            for (s, e) in ranges {
+                match merged.last_mut() {
+                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                    _ => merged.push((s, e)),
                 }
             }
-            if let Some(r) = run {
-                self.persist(r, end);
+            for (start, end) in merged {
+                let mut run: Option<u64> = None;
+                for s in start..end {
+                    let survives = self.torn_rng.gen::<bool>();
+                    match (survives, run) {
+                        (true, None) => run = Some(s),
+                        (false, Some(r)) => {
+                            self.persist(r, s);
+                            run = None;
+                        }
+                        _ => {}
+                    }
+                }
+                if let Some(r) = run {
+                    self.persist(r, end);
+                }
             }
         }
+        for (idx, pre) in std::mem::take(&mut self.undo) {
+            self.current.set_chunk(idx, pre);
+        }
+        self.unflushed.clear();
     }
 
+    /// Sectors [start, end) of the cache reached the media.
     fn persist(&mut self, start: u64, end: u64) {
         let mut buf = vec![0u8; ((end - start) * SECTOR_SIZE) as usize];
         self.current.read(start, &mut buf);
-        self.durable.write(start, &buf);
+        self.write_through(start, &buf);
     }
 }
 
@@ -479,11 +536,14 @@ impl Shared {
             }
             return Err(BlkError::PowerLoss);
         }
-        self.apply(d, rq);
+        let forgotten = self.apply(d, rq);
+        drop(guard);
+        drop(forgotten);
         Ok(())
     }
 
-    fn apply(&self, d: &mut Data, rq: &mut Request) {
+    /// Move `rq`'s data; a flush returns the undo log it forgot.
+    fn apply(&self, d: &mut Data, rq: &mut Request) -> Option<UndoLog> {
         match rq.op {
             Op::Read => {
                 let mut sector = rq.sector;
@@ -499,47 +559,38 @@ impl Shared {
             Op::Write => {
                 // (PREFLUSH was honoured when the request entered the device.)
                 if !self.keeps(rq) {
-                    return;
+                    return None;
                 }
                 let durable_now = !self.wc || rq.flags.contains(BioFlags::FUA);
-                let nr = rq.nr_sectors as u64;
-                // Whole chunks can be shared with the durable image; a partial chunk must
-                // not drag unflushed neighbours into durability with it.
-                let whole_chunks =
-                    rq.sector.is_multiple_of(CHUNK_SECTORS) && nr.is_multiple_of(CHUNK_SECTORS);
+                if !durable_now {
+                    d.remember(rq.sector, rq.nr_sectors as u64);
+                }
                 let mut sector = rq.sector;
                 for b in rq.buffers() {
                     d.current.write(sector, b.as_slice());
-                    if durable_now && !whole_chunks {
-                        d.durable.write(sector, b.as_slice());
+                    if durable_now {
+                        d.write_through(sector, b.as_slice());
                     }
                     sector += b.len() as u64 / SECTOR_SIZE;
-                }
-                if durable_now {
-                    if whole_chunks {
-                        d.durable
-                            .copy_chunks_from(&d.current, SparseStore::chunk_range(rq.sector, nr));
-                    }
-                } else {
-                    d.note_unflushed(rq.sector, nr);
                 }
             }
             Op::Discard => {
                 if self.data_mode != DataMode::All {
-                    return;
+                    return None;
                 }
                 let nr = rq.nr_sectors as u64;
-                d.current.discard(rq.sector, nr);
                 if self.wc {
-                    d.note_unflushed(rq.sector, nr);
-                } else {
-                    d.durable.discard(rq.sector, nr);
+                    d.remember(rq.sector, nr);
                 }
+                d.current.discard(rq.sector, nr);
             }
-            Op::Flush => d.flush(),
+            Op::Flush => return Some(d.flush()),
         }
+        None
     }
 
+    /// A write in flight at a torn cut: each of its sectors reached the media with
+    /// probability 1/2. After the cut `current` is the media.
     fn tear_in_flight(&self, d: &mut Data, rq: &Request, id: u64) {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(STREAM_TORN_IN_FLIGHT.wrapping_add(id));
@@ -547,17 +598,11 @@ impl Shared {
         for b in rq.buffers() {
             for (i, s) in b.as_slice().chunks(SECTOR_SIZE as usize).enumerate() {
                 if rng.gen::<bool>() {
-                    d.durable.write(sector + i as u64, s);
+                    d.current.write(sector + i as u64, s);
                 }
             }
             sector += b.len() as u64 / SECTOR_SIZE;
         }
-        // After the cut `current` mirrors `durable`; share the chunks rather than
-        // writing every sector twice.
-        d.current.copy_chunks_from(
-            &d.durable,
-            SparseStore::chunk_range(rq.sector, rq.nr_sectors as u64),
-        );
     }
 }
 
@@ -597,7 +642,7 @@ pub struct SimDevice {
     timer: CompletionTimer,
 }
 
-const SSD_KEYS: &str = "iops, riops, bw, lat, par, flush_lat";
+const SSD_KEYS: &str = "iops, riops, bw, lat, par, stripe, flush_lat";
 const HDD_KEYS: &str = "rpm, seek_min, seek_max, bw, flush_lat";
 const COMMON_KEYS: &str = "seed, data, eio, eio_after, spike, cut_after, torn";
 
@@ -708,12 +753,19 @@ impl SimDevice {
                     "par={par}: the number of channels must be from 1 to 1024"
                 )));
             }
+            let stripe = spec.size("stripe", 32 << 10)?;
+            if stripe < SECTOR_SIZE || !stripe.is_multiple_of(SECTOR_SIZE) {
+                return Err(spec.err(format!(
+                    "stripe={stripe}: the stripe unit must be a multiple of 512 bytes"
+                )));
+            }
             Media::ssd(SsdTiming {
                 write_cmd_ns: NSEC_PER_SEC / iops,
                 read_cmd_ns: NSEC_PER_SEC / riops,
                 bw,
                 lat_ns,
                 par: par as usize,
+                stripe_sectors: stripe / SECTOR_SIZE,
             })
         };
         let seed = spec.u64("seed", 1)?;
@@ -764,7 +816,7 @@ impl SimDevice {
             seed,
             data: Mutex::new(Data {
                 current: SparseStore::new(),
-                durable: SparseStore::new(),
+                undo: HashMap::new(),
                 unflushed: Vec::new(),
                 dark: false,
                 epoch: 0,
@@ -849,11 +901,7 @@ impl SimDevice {
         let d = &mut *guard;
         d.dark = true;
         d.torn_cut = torn;
-        if torn && self.shared.keeps_any() {
-            d.tear_unflushed();
-        }
-        d.current = d.durable.clone();
-        d.unflushed.clear();
+        d.lose_cache(torn && self.shared.keeps_any());
     }
 
     /// Media error: every read (if `reads`) or write (if `writes`) overlapping the
@@ -977,6 +1025,8 @@ impl Device for SimDevice {
             return;
         }
         let now = self.clock.now_ns();
+        // A forgotten undo log can be large: it is dropped after the locks.
+        let mut forgotten: Option<UndoLog> = None;
         let mut m = self.model.lock();
         if m.dark {
             drop(m);
@@ -989,7 +1039,7 @@ impl Device for SimDevice {
             // The block layer's flush sequence completes the cache flush before the
             // write is issued, so what completed before this request is durable before
             // any sector of it can land: a cut that tears this write has flushed first.
-            self.shared.data.lock().flush();
+            forgotten = Some(self.shared.data.lock().flush());
         }
         let due = m.due(now, rq.op, rq.flags, rq.sector, rq.nr_sectors);
         let id = m.next_id;
@@ -1005,10 +1055,13 @@ impl Device for SimDevice {
         // either sees this request in the timer or this request sees `dark`.
         self.timer
             .schedule(due, rq, &wrapped, doomed.then_some(Err(BlkError::Io)));
-        if let Some(torn) = m.tick_cut_after() {
-            let epoch = m.epoch;
+        let cut = m.tick_cut_after().map(|torn| (torn, m.epoch));
+        if let Some((torn, _)) = cut {
             self.cut_locked(&mut m, torn);
-            drop(m);
+        }
+        drop(m);
+        drop(forgotten);
+        if let Some((_, epoch)) = cut {
             // Failing requests calls completions, which may queue more: no model lock.
             let _power = self.power.lock();
             if self.model.lock().epoch == epoch {
@@ -1033,6 +1086,7 @@ mod tests {
             bw,
             lat_ns: 80 * NSEC_PER_USEC,
             par,
+            stripe_sectors: 64,
         };
         Model::new(Media::ssd(t), true, 200 * NSEC_PER_USEC, 1)
     }
@@ -1064,6 +1118,43 @@ mod tests {
         // The same read on an idle device is quick.
         let mut idle = ssd_model(27_000, 400 << 20, 4);
         assert!(idle.due(0, Op::Read, NONE, 0, 8) < 200 * NSEC_PER_USEC);
+    }
+
+    #[test]
+    fn striping_spreads_a_write_and_queues_reads_behind_writes_on_their_channels() {
+        // 4 channels of 100 MiB/s, 32 KiB units.
+        let mut m = ssd_model(1_000_000, 400 << 20, 4);
+        // One 1 MiB write keeps all four channels busy for a quarter of 1 MiB / 100 MiB/s.
+        let w = m.due(0, Op::Write, NONE, 0, 2048);
+        let quarter = xfer_ns(1 << 20, 400 << 20);
+        assert!(
+            w.abs_diff(1_000 + quarter + 80_000) < 1_000,
+            "{w} vs {quarter}"
+        );
+        // A 32 KiB read anywhere waits for its channel's share of that write.
+        let r = m.due(0, Op::Read, NONE, 1 << 20, 64);
+        assert!(
+            r > quarter,
+            "read {r} finished before the write's share {quarter}"
+        );
+        // Ten more 1 MiB writes queued ahead: the read waits for all of them.
+        let mut m = ssd_model(1_000_000, 400 << 20, 4);
+        for i in 0..10 {
+            m.due(0, Op::Write, NONE, i * 2048, 2048);
+        }
+        let r = m.due(0, Op::Read, NONE, 100 << 11, 64);
+        assert!(r > 10 * quarter, "read {r} did not queue behind 10 writes");
+        // Small reads on distinct units of an idle device run in parallel.
+        let mut m = ssd_model(1_000_000, 400 << 20, 4);
+        let ends: Vec<u64> = (0..4)
+            .map(|i| m.due(0, Op::Read, NONE, i * 64, 64))
+            .collect();
+        let one = xfer_ns(32 << 10, 100 << 20);
+        // (Each waits only for the controller's 5 us per command ahead of it.)
+        assert!(
+            ends.iter().all(|&e| e <= one + 80_000 + 4 * 5_000),
+            "{ends:?}"
+        );
     }
 
     #[test]

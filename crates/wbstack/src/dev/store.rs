@@ -11,7 +11,7 @@ use std::sync::Arc;
 pub const CHUNK: usize = 4096;
 const CHUNK_SECTORS: u64 = (CHUNK / 512) as u64;
 
-type Chunk = Arc<[u8; CHUNK]>;
+pub type Chunk = Arc<[u8; CHUNK]>;
 
 #[derive(Clone, Default)]
 pub struct SparseStore {
@@ -95,6 +95,24 @@ impl SparseStore {
                 None => {
                     self.chunks.remove(&idx);
                 }
+            }
+        }
+    }
+
+    /// The chunk `idx` as it is now (shared, no copy); None when it was never written
+    /// or was discarded.
+    pub fn chunk(&self, idx: u64) -> Option<Chunk> {
+        self.chunks.get(&idx).cloned()
+    }
+
+    /// Put back a chunk returned by [`chunk`](Self::chunk).
+    pub fn set_chunk(&mut self, idx: u64, c: Option<Chunk>) {
+        match c {
+            Some(c) => {
+                self.chunks.insert(idx, c);
+            }
+            None => {
+                self.chunks.remove(&idx);
             }
         }
     }
