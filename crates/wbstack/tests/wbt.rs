@@ -491,6 +491,8 @@ fn held_window(
 #[test]
 fn a_new_target_takes_effect_within_a_window() {
     let (dev, q, clock) = held_queue(false, None);
+    // The kernel's growth rule: a good window raises depth though no write waited.
+    q.set_wbt_scale_up_when_limited(false);
     wbstack::trace::enable(1 << 16);
     // Reads at 5 ms against a 2 ms target, with writes going on: two steps down.
     held_window(&dev, &q, &clock, 2, 3, 5 * MS);
@@ -566,8 +568,29 @@ fn a_new_target_takes_effect_within_a_window() {
 }
 
 #[test]
+fn depth_does_not_grow_while_writes_stay_under_the_limit() {
+    let (dev, q, clock) = held_queue(false, None);
+    for _ in 0..3 {
+        held_window(&dev, &q, &clock, 2, 3, MS / 2);
+        let s = q.wbt_state();
+        assert_eq!(s.last_status, Some(LatStatus::Ok));
+        assert_eq!(
+            s.scale_step, 0,
+            "reads were fine but no write was held back"
+        );
+    }
+    held_window(&dev, &q, &clock, 0, 3, MS);
+    let s = q.wbt_state();
+    assert_eq!(s.last_status, Some(LatStatus::UnknownWrites));
+    assert_eq!((s.scale_step, s.max_depth), (0, 16));
+    assert_eq!(s.waits, [0, 0]);
+}
+
+#[test]
 fn the_timer_stops_when_idle() {
     let (dev, q, clock) = held_queue(false, None);
+    // The kernel's growth rule, so that writes alone raise depth.
+    q.set_wbt_scale_up_when_limited(false);
     held_window(&dev, &q, &clock, 0, 3, MS);
     // Writes only: deeper queues, and the timer keeps running while the step is not 0.
     assert_eq!(q.wbt_state().last_status, Some(LatStatus::UnknownWrites));
@@ -844,7 +867,7 @@ fn p99(v: &[u64]) -> u64 {
 
 #[test]
 fn wbt_keeps_reads_fast_under_a_background_flood() {
-    let on = flood(&SSD, None, 1000);
+    let on = flood(&SSD, None, 2000);
     let off = flood(&SSD, Some(0), 40);
     let target = 2 * MS;
     let mb_s = |r: &FloodResult| r.bytes_written as f64 / r.sim_ns as f64 * 1e3;
@@ -860,7 +883,7 @@ fn wbt_keeps_reads_fast_under_a_background_flood() {
         p99(&off.read_lat) / US,
         mb_s(&off),
     );
-    assert_eq!(on.read_lat.len(), 1000);
+    assert_eq!(on.read_lat.len(), 2000);
     assert!(
         p99(&on.read_lat) <= 2 * target,
         "wbt on: read p99 {} us over twice the 2 ms target",

@@ -162,6 +162,19 @@ impl RqComplete for QueueCore {
                 }
             }
         }
+        crate::trace::emit("block_rq_complete", || {
+            let now = self.clock.now_ns();
+            serde_json::json!({
+                "op": format!("{:?}", rq.op),
+                "sector": rq.sector,
+                "nr_sector": rq.nr_sectors,
+                // From dispatch (tag) to completion, and from the request's creation.
+                "service_ns": if rq.io_start_ns == 0 { 0 } else { now.saturating_sub(rq.io_start_ns) },
+                "total_ns": now.saturating_sub(rq.start_ns),
+                "wbt_flags": wbt_flags,
+                "error": status.is_err(),
+            })
+        });
         // Before the tag is freed: the tag is what identifies the watched read.
         if wbt_flags & (wbt::flags::TRACKED | wbt::flags::READ) != 0 {
             let now = coarse.unwrap_or_else(|| self.clock.coarse_ns());
@@ -310,6 +323,13 @@ impl RequestQueue {
     /// Set the wbt latency target in µs; 0 turns wbt off. Pins the setting.
     pub fn set_wbt_lat_usec(&self, usec: u64) {
         self.core.wbt.set_lat_usec(usec);
+    }
+
+    /// Whether wbt grows depth only after windows in which its limit held writes back
+    /// (true, the default) or after every window whose reads met the target (false,
+    /// the kernel's rule).
+    pub fn set_wbt_scale_up_when_limited(&self, on: bool) {
+        self.core.wbt.set_scale_up_when_limited(on);
     }
 
     /// wbt's step, limits, window and wait counts.

@@ -19,7 +19,12 @@
 //! it while armed, and stamping every read with the fine clock would cost more than the
 //! whole rest of wbt on the read path); a disabled wbt's timer stops at its next expiry
 //! instead of evaluating windows against a target of 0; the last dirtier sleep is
-//! looked up at most once per clock tick.
+//! looked up at most once per clock tick. And by default depth grows only after a
+//! window in which the limit held a request back (`scale_up_when_limited`): the kernel
+//! grows it after every window whose reads met the target, even when writes never
+//! reached the limit, so a quiet spell (or the write-only tail of an earlier job) leaves
+//! a deep limit for the next burst of writeback to fill before the first slow reads can
+//! bring it down. `set_scale_up_when_limited(false)` restores the kernel's rule.
 
 use crate::block::bio::{Bio, BioFlags, Op, Request};
 use crate::block::qos::{LatBucket, LatencyWindow, RqQos};
@@ -272,6 +277,8 @@ pub struct WbtState {
     pub cur_win_nsec: u64,
     pub unknown_cnt: u32,
     pub wc: bool,
+    /// Depth grows only after windows in which the limit held a request back.
+    pub scale_up_when_limited: bool,
     /// Tracked requests in flight [background writes, discards].
     pub inflight: [u32; 2],
     /// Windows evaluated so far.
@@ -312,6 +319,10 @@ pub struct RqWb {
     sync_issue: AtomicU64,
     sync_cookie: AtomicU64,
     inflight: [AtomicU32; NR_RWQ],
+    /// A tracked request found its limit reached since the last window closed.
+    limited: AtomicBool,
+    /// Grow depth only after a window in which the limit held a request back.
+    scale_up_when_limited: AtomicBool,
     ctl: Mutex<Ctl>,
 }
 
@@ -332,6 +343,8 @@ impl RqWb {
             sync_issue: AtomicU64::new(0),
             sync_cookie: AtomicU64::new(0),
             inflight: Default::default(),
+            limited: AtomicBool::new(false),
+            scale_up_when_limited: AtomicBool::new(true),
             ctl: Mutex::new(Ctl {
                 depth: RqDepth::new(queue_depth),
                 unknown_cnt: 0,
@@ -410,6 +423,17 @@ impl RqWb {
 
     pub fn set_wc(&self, wc: bool) {
         self.wc.store(wc, Ordering::Relaxed);
+    }
+
+    /// true (the default): depth grows after a window only if the limit held a request
+    /// back in it. false: the kernel's rule, growth after every window whose reads met
+    /// the target or that saw writes alone.
+    pub fn set_scale_up_when_limited(&self, on: bool) {
+        self.scale_up_when_limited.store(on, Ordering::Relaxed);
+    }
+
+    pub fn scale_up_when_limited(&self) -> bool {
+        self.scale_up_when_limited.load(Ordering::Relaxed)
     }
 
     /// The queue depth changed (wbt_queue_depth_changed). The caller wakes waiters.
@@ -517,6 +541,9 @@ impl RqWb {
         let mut cur = a.load(Ordering::Relaxed);
         loop {
             if cur >= limit {
+                if !self.limited.load(Ordering::Relaxed) {
+                    self.limited.store(true, Ordering::Relaxed);
+                }
                 return false;
             }
             match a.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::Relaxed) {
@@ -712,10 +739,18 @@ impl RqWb {
             return out;
         }
         let status = self.latency_exceeded(&ctl, now, stat, recent_wait, inflight, &mut out);
+        let limited = self.limited.swap(false, Ordering::Relaxed);
         match status {
             LatStatus::Exceeded => self.scale_down(&mut ctl, true, &mut out),
-            // Writes without enough reads to judge may go deeper than the default.
-            LatStatus::Ok | LatStatus::UnknownWrites => self.scale_up(&mut ctl, &mut out),
+            // Writes without enough reads to judge may go deeper than the default. Only
+            // a limit that held writes back needs raising: raised while unused, it would
+            // let the next burst fill the queue unchecked until windows of slow reads
+            // brought it down again (TCP's congestion window validation, RFC 7661).
+            LatStatus::Ok | LatStatus::UnknownWrites => {
+                if limited || !self.scale_up_when_limited() {
+                    self.scale_up(&mut ctl, &mut out)
+                }
+            }
             LatStatus::Unknown => {
                 ctl.unknown_cnt += 1;
                 if ctl.unknown_cnt >= RWB_UNKNOWN_BUMP {
@@ -751,6 +786,7 @@ impl RqWb {
             cur_win_nsec: ctl.cur_win_nsec,
             unknown_cnt: ctl.unknown_cnt,
             wc: self.wc.load(Ordering::Relaxed),
+            scale_up_when_limited: self.scale_up_when_limited(),
             inflight: [self.inflight(RWQ_BG), self.inflight(RWQ_DISCARD)],
             windows: ctl.windows,
             last_status: ctl.last_status,
@@ -1056,6 +1092,12 @@ impl Wbt {
         self.sh.wake_everyone(self.sh.clock.coarse_ns());
     }
 
+    /// Grow depth only after windows in which the limit held a request back (true, the
+    /// default), or after every window whose reads met the target (false, the kernel).
+    pub fn set_scale_up_when_limited(&self, on: bool) {
+        self.sh.rwb.set_scale_up_when_limited(on);
+    }
+
     /// Back to the default target unless a manual setting pins it.
     pub fn enable_default(&self) {
         self.sh.rwb.enable_default();
@@ -1273,8 +1315,15 @@ mod tests {
         let (m, n, b) = r.limits();
         (r.depth().scale_step, m, n, b)
     }
+    /// The kernel's scenarios run under the kernel's growth rule; the
+    /// `scale_up_when_limited` tests cover ours.
+    fn kernel(r: RqWb) -> RqWb {
+        r.set_scale_up_when_limited(false);
+        r
+    }
+
     fn nvme() -> RqWb {
-        RqWb::new(1023, false, false, None)
+        kernel(RqWb::new(1023, false, false, None))
     }
 
     /// One window of `stat` ending at `now`: the window evaluation plus the re-arm.
@@ -1326,6 +1375,56 @@ mod tests {
             assert_eq!(d.max_depth, cap, "qd {qd}");
             assert!(d.scaled_max);
         }
+    }
+
+    #[test]
+    fn depth_grows_only_after_windows_in_which_the_limit_held_writes_back() {
+        let r = RqWb::new(1023, false, false, None);
+        assert!(r.scale_up_when_limited(), "our rule is the default");
+        let mut t = 0;
+        let mut next = |r: &RqWb, stat| {
+            t += 100 * MS;
+            window(r, t, stat)
+        };
+        // Reads meet the target while writes flow below the limit: nothing to raise.
+        for _ in 0..5 {
+            let out = next(&r, [bucket(10, MS / 2), bucket(10, MS / 10)]);
+            assert_eq!(out.status, Some(LatStatus::Ok));
+            assert_eq!(out.step, None);
+        }
+        // Writes alone, below the limit: no growth either.
+        let out = next(&r, [none(), bucket(500, MS / 10)]);
+        assert_eq!(out.status, Some(LatStatus::UnknownWrites));
+        assert_eq!(lims(&r), (0, 16, 8, 4));
+        // A write turned away at the limit: the window's good verdict raises it.
+        for _ in 0..16 {
+            assert!(r.inc_below(RWQ_BG, 16));
+        }
+        assert!(!r.inc_below(RWQ_BG, 16));
+        let out = next(&r, [bucket(10, MS / 2), bucket(10, MS / 10)]);
+        assert_eq!(out.status, Some(LatStatus::Ok));
+        assert_eq!(lims(&r), (-1, 31, 16, 8));
+        // The mark covers one window only.
+        let out = next(&r, [bucket(10, MS / 2), bucket(10, MS / 10)]);
+        assert_eq!(out.step, None);
+        assert_eq!(r.depth().scale_step, -1);
+        // Slow reads cut depth whether or not the limit was reached.
+        let out = next(&r, [bucket(10, 5 * MS), bucket(10, MS / 10)]);
+        assert_eq!(out.status, Some(LatStatus::Exceeded));
+        assert_eq!(lims(&r), (0, 16, 8, 4));
+        let out = next(&r, [bucket(10, 5 * MS), bucket(10, MS / 10)]);
+        assert_eq!(out.status, Some(LatStatus::Exceeded));
+        assert_eq!(r.depth().scale_step, 1);
+        // Scaled down, good windows raise depth only while writes are held back.
+        let out = next(&r, [bucket(10, MS / 2), bucket(10, MS / 10)]);
+        assert_eq!(out.step, None);
+        assert!(!r.inc_below(RWQ_BG, 0));
+        let out = next(&r, [bucket(10, MS / 2), bucket(10, MS / 10)]);
+        assert_eq!(r.depth().scale_step, 0, "{out:?}");
+        // The kernel's rule grows after every good window.
+        r.set_scale_up_when_limited(false);
+        next(&r, [bucket(10, MS / 2), bucket(10, MS / 10)]);
+        assert_eq!(r.depth().scale_step, -1);
     }
 
     // 4.9 scenario 2.

@@ -334,6 +334,9 @@ impl Volume {
         if let Some(lat) = opts.wbt_lat_usec {
             q.set_wbt_lat_usec(lat);
         }
+        if let Some(on) = opts.wbt_scale_up_when_limited {
+            q.set_wbt_scale_up_when_limited(on);
+        }
         let cache = PageCache::new(opts.cache.clone());
         let bdi = Bdi::new(q.clone(), cache.clone(), opts.wb.clone());
         let aops = Arc::new(Aops {

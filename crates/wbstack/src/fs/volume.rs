@@ -51,6 +51,10 @@ pub struct MountOptions {
     /// Writeback throttling target of the volume's device queue (the queue's
     /// `wbt_lat_usec`; 0 turns wbt off); None leaves the queue's setting.
     pub wbt_lat_usec: Option<u64>,
+    /// wbt grows its depth only after windows in which the limit held writes back
+    /// (the default), or, set to false, after every window whose reads met the target
+    /// as the kernel does; None leaves the queue's setting.
+    pub wbt_scale_up_when_limited: Option<bool>,
 }
 
 impl Default for MountOptions {
@@ -63,6 +67,7 @@ impl Default for MountOptions {
             max_batch_us: 15_000,
             flush_on_close: true,
             wbt_lat_usec: None,
+            wbt_scale_up_when_limited: None,
         }
     }
 }
@@ -72,7 +77,8 @@ impl MountOptions {
     pub const KEYS: &'static str = "cache_size, writeback_plug, expire_first, \
         dirty_ratio, dirty_background_ratio, dirty_bytes, dirty_background_bytes, \
         dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
-        max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec";
+        max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec, \
+        wbt_scale_up_when_limited";
 
     /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
     /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
@@ -116,6 +122,7 @@ impl MountOptions {
             "min_batch_time" => self.min_batch_us = num()?,
             "flush_on_close" | "auto_da_alloc" => self.flush_on_close = flag()?,
             "wbt_lat_usec" => self.wbt_lat_usec = Some(num()?),
+            "wbt_scale_up_when_limited" => self.wbt_scale_up_when_limited = Some(flag()?),
             "max_batch_time" => self.max_batch_us = num()?,
             _ => {
                 return Err(FsError::Invalid(format!(
