@@ -39,6 +39,14 @@ pub trait BenchFs: Send + Sync {
     fn drop_cache(&self, _path: &str) -> io::Result<bool> {
         Ok(false)
     }
+    /// Wait, boundedly, until the device is idle and its IO policies are back in their
+    /// resting state after set-up IO (wbstack: nothing in flight and wbt back at step 0,
+    /// which idle windows bring about), so a measurement starts as on a quiet system
+    /// rather than inside the set-up's writeback. Ok(false): it did not settle in time.
+    /// A kernel filesystem's wbt state is not visible from here: nothing to wait for.
+    fn settle(&self) -> io::Result<bool> {
+        Ok(true)
+    }
     /// Whatever else the filesystem measures (wbstack: writeback fairness).
     fn extra_stats(&self) -> serde_json::Value {
         serde_json::Value::Null

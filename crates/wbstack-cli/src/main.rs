@@ -23,6 +23,11 @@ use wbstack_cli::util::{duration_arg, size_arg};
     about = "The Linux writeback stack, rebuilt in userspace"
 )]
 struct Cli {
+    /// Record the trace events (wbt_stat, wbt_lat, wbt_step, writeback_*, ...) and write
+    /// them to this file as JSON lines when the command ends; the newest 1,000,000 are
+    /// kept.
+    #[arg(long, global = true, value_name = "FILE")]
+    trace: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -587,7 +592,21 @@ fn run_readlat(a: ReadlatArgs) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let res = match cli.cmd {
+    if cli.trace.is_some() {
+        wbstack::trace::enable(1_000_000);
+    }
+    let code = run(cli.cmd);
+    if let Some(path) = cli.trace {
+        if let Err(e) = std::fs::write(&path, wbstack::trace::dump_jsonl()) {
+            eprintln!("wbstack: writing the trace to {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    }
+    code
+}
+
+fn run(cmd: Cmd) -> ExitCode {
+    let res = match cmd {
         Cmd::Mkfs(a) => admin::mkfs(&a.image, a.size).and_then(|r| {
             if a.json {
                 println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);

@@ -461,6 +461,10 @@ pub fn run(o: &ReadlatOpts, fs: Arc<dyn BenchFs>) -> Result<ReadlatReport, Strin
     let cold = fs
         .drop_cache(&path)
         .map_err(err("readlat: drop input from cache"))?;
+    // The reads meet the dd's writeback, not the tail of writing the input.
+    if !fs.settle().map_err(err("readlat: settle"))? {
+        eprintln!("readlat: the device did not settle after writing the input; measuring anyway");
+    }
     let out_path = inside("readlat.out");
     let dd_path = inside("readlat.dd");
     let blocks = size.div_ceil(o.bs as u64);

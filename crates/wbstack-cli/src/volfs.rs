@@ -83,6 +83,21 @@ impl BenchFs for VolumeFs {
     fn drop_cache(&self, path: &str) -> io::Result<bool> {
         self.vol.drop_cache(path).map_err(io)
     }
+    fn settle(&self) -> io::Result<bool> {
+        let q = self.vol.queue();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if q.in_flight() == [0, 0] && q.wbt_state().scale_step == 0 {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            // wbt moves at most one step per window (100 ms): polling at a tenth of
+            // that costs nothing and adds at most 10 ms.
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
     fn extra_stats(&self) -> serde_json::Value {
         let f = self.vol.bdi().fairness();
         let j = self.vol.journal_stats();
