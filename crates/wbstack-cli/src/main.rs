@@ -262,6 +262,10 @@ struct ReadlatArgs {
     /// Bytes the dd writes before the reads start.
     #[arg(long, default_value = "0", value_parser = size_arg)]
     dd_lead: u64,
+    /// Start the dd this long after the reads (e.g. 500ms), so heavy writeback begins
+    /// while they run; not with --dd-lead.
+    #[arg(long, default_value = "0", value_parser = duration_arg)]
+    dd_delay: Duration,
     /// Reader threads at most.
     #[arg(long, default_value_t = 512)]
     max_readers: usize,
@@ -545,6 +549,7 @@ fn run_readlat(a: ReadlatArgs) -> Result<(), String> {
         hog_mem: a.hog_mem,
         background_dd: a.background_dd,
         dd_lead: a.dd_lead,
+        dd_delay: a.dd_delay,
         max_readers: a.max_readers,
         print_max: a.print_max,
         dir: a.dir.clone(),
@@ -573,16 +578,18 @@ fn run_readlat(a: ReadlatArgs) -> Result<(), String> {
             }
             if let Some(d) = &r.dd {
                 println!(
-                    "background dd: {} MiB in {:.2}s ({:.1} MiB/s)",
+                    "background dd: {} MiB in {:.2}s ({:.1} MiB/s), on the device {:.2}s after it began ({:.1} MiB/s)",
                     d.bytes >> 20,
                     d.secs,
-                    d.mib_s
+                    d.mib_s,
+                    d.durable_s,
+                    d.durable_mib_s
                 );
             }
             if let Some(d) = &r.device {
                 println!(
-                    "device: {} reads, {} writes ({:.1} KiB avg), {} flushes; reader threads {}",
-                    d.read_ios, d.write_ios, d.avg_write_kib, d.flushes, r.reader_threads
+                    "device: {} reads, {} writes ({:.1} KiB avg, {:.1} MiB/s while reading), {} flushes; reader threads {}",
+                    d.read_ios, d.write_ios, d.avg_write_kib, d.write_mib_s, d.flushes, r.reader_threads
                 );
             }
         }

@@ -50,6 +50,9 @@ pub struct ReadlatOpts {
     /// Bytes the dd writes before the reads start (at least its first block), so the
     /// reads meet writeback already under way.
     pub dd_lead: u64,
+    /// Time from the start of the reads to the start of the dd (with `dd_lead` 0), so
+    /// the writeback begins while reads are running, as the seed's did.
+    pub dd_delay: Duration,
     /// Reader threads at most (a stall longer than this many targets queues reads).
     pub max_readers: usize,
     /// "read latency=N usec" lines printed to stderr as they happen, at most.
@@ -73,6 +76,7 @@ impl Default for ReadlatOpts {
             hog_mem: 0,
             background_dd: 0,
             dd_lead: 0,
+            dd_delay: Duration::ZERO,
             max_readers: 512,
             print_max: 20,
             dir: "readlat".into(),
@@ -125,8 +129,13 @@ impl LatSummary {
 #[derive(Clone, Debug, Serialize)]
 pub struct DdSummary {
     pub bytes: u64,
+    /// How long the dd's writes took (into the cache: throttled or not).
     pub secs: f64,
     pub mib_s: f64,
+    /// From the dd's first write until a sync after the reads returned: how long its
+    /// data took to reach the device, and that as a rate.
+    pub durable_s: f64,
+    pub durable_mib_s: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -363,14 +372,24 @@ fn background_dd(
     path: &str,
     size: u64,
     lead: u64,
+    delay: Duration,
     started: std::sync::mpsc::Sender<()>,
     stop: &AtomicBool,
-) -> Result<DdSummary, String> {
+) -> Result<(DdSummary, Instant), String> {
+    let mut started = Some(started);
+    if !delay.is_zero() {
+        if let Some(s) = started.take() {
+            let _ = s.send(());
+        }
+        let until = Instant::now() + delay;
+        while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+            std::thread::sleep((until - Instant::now()).min(Duration::from_millis(10)));
+        }
+    }
     let t0 = Instant::now();
     let mut f = fs.create(path).map_err(err("readlat: dd create"))?;
     let buf = vec![0u8; 1 << 20];
     let mut off = 0;
-    let mut started = Some(started);
     while off < size && !stop.load(Ordering::Relaxed) {
         let n = (size - off).min(buf.len() as u64) as usize;
         f.write_at(off, &buf[..n])
@@ -384,11 +403,16 @@ fn background_dd(
     }
     f.close().map_err(err("readlat: dd close"))?;
     let secs = t0.elapsed().as_secs_f64();
-    Ok(DdSummary {
-        bytes: off,
-        secs,
-        mib_s: off as f64 / (1u64 << 20) as f64 / secs.max(1e-9),
-    })
+    Ok((
+        DdSummary {
+            bytes: off,
+            secs,
+            mib_s: off as f64 / (1u64 << 20) as f64 / secs.max(1e-9),
+            durable_s: 0.0,
+            durable_mib_s: 0.0,
+        },
+        t0,
+    ))
 }
 
 /// Write `size` bytes of seeded random data to `path`.
@@ -417,6 +441,9 @@ fn validate(o: &ReadlatOpts) -> Result<(), String> {
     }
     if o.max_readers == 0 {
         return Err("readlat: --max-readers must be at least 1".into());
+    }
+    if o.dd_lead > 0 && !o.dd_delay.is_zero() {
+        return Err("readlat: --dd-lead and --dd-delay exclude each other (the dd runs before the reads, or after they began)".into());
     }
     if o.file.is_none() && o.size == 0 {
         return Err("readlat: --size must be more than 0".into());
@@ -493,15 +520,16 @@ pub fn run(o: &ReadlatOpts, fs: Arc<dyn BenchFs>) -> Result<ReadlatReport, Strin
     let hogs = Hogs::start(o.hogs, o.hog_mem);
     let dd_stop = Arc::new(AtomicBool::new(false));
     let dd = if o.background_dd > 0 {
-        let (fs, stop, p, n, lead) = (
+        let (fs, stop, p, n, lead, delay) = (
             fs.clone(),
             dd_stop.clone(),
             dd_path.clone(),
             o.background_dd,
             o.dd_lead,
+            o.dd_delay,
         );
         let (tx, rx) = std::sync::mpsc::channel();
-        let h = std::thread::spawn(move || background_dd(&*fs, &p, n, lead, tx, &stop));
+        let h = std::thread::spawn(move || background_dd(&*fs, &p, n, lead, delay, tx, &stop));
         // The reads start once the dd is writing (or has failed: its error comes below).
         let _ = rx.recv();
         Some(h)
@@ -592,6 +620,17 @@ pub fn run(o: &ReadlatOpts, fs: Arc<dyn BenchFs>) -> Result<ReadlatReport, Strin
     };
     let elapsed = t0.elapsed().as_secs_f64();
     let device = DeviceWrites::between(&disk0, &fs.disk_stats(), elapsed);
+    // How long the dd's data took to reach the device, the reads' interference (and
+    // wbt's throttling) included.
+    let dd = match dd {
+        Some((mut d, start)) => {
+            fs.sync().map_err(err("readlat: sync after the dd"))?;
+            d.durable_s = start.elapsed().as_secs_f64();
+            d.durable_mib_s = d.bytes as f64 / (1u64 << 20) as f64 / d.durable_s.max(1e-9);
+            Some(d)
+        }
+        None => None,
+    };
     let nhogs = hogs.threads();
     drop(hogs);
     // The consumer's own error first: a failed consumer also breaks the pipe.

@@ -275,11 +275,44 @@ fn an_existing_file_is_read_and_kept_and_bad_input_is_an_error() {
             },
             "--target",
         ),
+        (
+            ReadlatOpts {
+                dd_lead: 1 << 20,
+                dd_delay: Duration::from_millis(1),
+                background_dd: 2 << 20,
+                ..Default::default()
+            },
+            "exclude each other",
+        ),
     ];
     for (o, want) in cases {
         let e = readlat::run(&o, fs.clone()).err().unwrap();
         assert!(e.contains(want), "expected '{want}' in: {e}");
     }
+}
+
+#[test]
+fn a_delayed_dd_starts_while_the_reads_run() {
+    // On wbstack, so the device's write count tells when the dd's data went out.
+    let fs = wbstack_cli::volfs::open("sim:ssd,size=1G,data=meta", "").unwrap();
+    let o = ReadlatOpts {
+        size: 16 << 20,
+        background_dd: 4 << 20,
+        dd_delay: Duration::from_millis(1),
+        ..Default::default()
+    };
+    let r = readlat::run(&o, fs).unwrap();
+    let dd = r.dd.expect("dd summary");
+    assert_eq!(r.output_bytes, 16 << 20);
+    // 16 MiB of cold reads take tens of ms on the simulated device; a millisecond in,
+    // the dd writes into the cache, whole blocks, and a sync at the end puts them out.
+    assert!(
+        dd.bytes >= 1 << 20 && dd.bytes.is_multiple_of(1 << 20) && dd.bytes <= 4 << 20,
+        "{dd:?}"
+    );
+    assert!(dd.durable_s >= dd.secs, "{dd:?}");
+    let dev = r.device.expect("device stats");
+    assert!(dev.read_ios > 0, "the input came from the device");
 }
 
 #[test]
@@ -303,6 +336,10 @@ fn background_dd_and_hogs_run_alongside() {
         dd.bytes
     );
     assert_eq!(r.output_bytes, 256 << 10);
+    assert!(
+        dd.durable_s >= dd.secs && dd.durable_mib_s > 0.0,
+        "the dd's data reached the device after its writes: {dd:?}"
+    );
     let left: Vec<_> = std::fs::read_dir(dir.path().join("readlat"))
         .unwrap()
         .map(|e| e.unwrap().file_name())

@@ -896,11 +896,16 @@ fn wbt_keeps_reads_fast_under_a_background_flood() {
     );
     assert!(on.waits > 0, "wbt did the throttling");
     assert_eq!(off.waits, 0);
-    // Reads met the target with writes going on, so the windows were OK and wbt gave
-    // writes more depth, step by step, without ever stepping down.
+    // Reads met the target with writes held back, so wbt gave writes more depth step by
+    // step; when a tenth of a window's reads missed the target it cut depth, straight
+    // to 0 from a negative step.
     assert!(on.windows >= 5, "{} windows", on.windows);
+    let moves = on.steps.windows(2);
     assert!(
-        on.steps.len() >= 3 && on.steps.windows(2).all(|w| w[1] == w[0] - 1),
+        moves.clone().filter(|w| w[1] == w[0] - 1).count() >= 3
+            && moves
+                .clone()
+                .all(|w| w[1] == w[0] - 1 || w[1] == w[0] + 1 || (w[0] < 0 && w[1] == 0)),
         "steps {:?}",
         on.steps
     );

@@ -5,7 +5,7 @@
 
 use crate::block::bio::{Bio, Op, Request};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub trait RqQos: Send + Sync {
     fn name(&self) -> &'static str;
@@ -32,10 +32,13 @@ pub struct LatBucket {
     pub min_ns: u64,
     pub max_ns: u64,
     pub sum_ns: u64,
+    /// Samples above the window's threshold (blk-iolatency's "missed").
+    pub missed: u64,
 }
 
 impl LatBucket {
-    fn add(&mut self, v: u64) {
+    fn add(&mut self, v: u64, threshold: u64) {
+        self.missed += (v > threshold) as u64;
         if self.nr == 0 || v < self.min_ns {
             self.min_ns = v;
         }
@@ -50,13 +53,28 @@ impl LatBucket {
 
 /// Read and write latency buckets, collected only while armed (as blk-stat collects
 /// only while a callback's timer is pending), so idle queues pay nothing.
-#[derive(Default)]
 pub struct LatencyWindow {
     armed: AtomicBool,
     buckets: Mutex<[LatBucket; 2]>,
+    /// Samples above this count as missed.
+    threshold_ns: AtomicU64,
+}
+
+impl Default for LatencyWindow {
+    fn default() -> Self {
+        LatencyWindow {
+            armed: AtomicBool::new(false),
+            buckets: Mutex::new(Default::default()),
+            threshold_ns: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl LatencyWindow {
+    /// Count samples above `ns` as missed (u64::MAX: none).
+    pub fn set_threshold(&self, ns: u64) {
+        self.threshold_ns.store(ns, Ordering::Relaxed);
+    }
     pub fn arm(&self, on: bool) {
         self.armed.store(on, Ordering::Release);
     }
@@ -71,7 +89,8 @@ impl LatencyWindow {
             Op::Write | Op::Discard => 1,
             Op::Flush => return,
         };
-        self.buckets.lock()[b].add(lat_ns);
+        let threshold = self.threshold_ns.load(Ordering::Relaxed);
+        self.buckets.lock()[b].add(lat_ns, threshold);
     }
     /// Take the window's [read, write] buckets and start a new window.
     pub fn take(&self) -> [LatBucket; 2] {

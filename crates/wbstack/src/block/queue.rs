@@ -332,6 +332,12 @@ impl RequestQueue {
         self.core.wbt.set_scale_up_when_limited(on);
     }
 
+    /// How wbt judges a window's reads: the fastest against the target (`Min`, the
+    /// kernel's wbt) or the tail (`Tail`, the default: blk-iolatency's rule).
+    pub fn set_wbt_judge(&self, j: super::wbt::WbtJudge) {
+        self.core.wbt.set_judge(j);
+    }
+
     /// wbt's step, limits, window and wait counts.
     pub fn wbt_state(&self) -> WbtState {
         self.core.wbt.state()

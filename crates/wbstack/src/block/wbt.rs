@@ -120,6 +120,29 @@ pub enum LatStatus {
     Exceeded,
 }
 
+/// How a window's reads are judged against the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WbtJudge {
+    /// The kernel's wbt: exceeded when even the fastest read of the window missed the
+    /// target. Blind to writes that come in bursts with idle gaps between them: a read
+    /// that lands in a gap is fast, whatever the reads behind a burst waited.
+    Min = 0,
+    /// blk-iolatency's rule: exceeded when at least one read in ten missed the target
+    /// (on a rotational device, when the mean read did), so the tail is what counts.
+    Tail = 1,
+}
+
+impl WbtJudge {
+    pub fn parse(s: &str) -> Option<WbtJudge> {
+        match s.trim() {
+            "min" => Some(WbtJudge::Min),
+            "tail" => Some(WbtJudge::Tail),
+            _ => None,
+        }
+    }
+}
+
 /// Depth scaling (struct rq_depth).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct RqDepth {
@@ -279,6 +302,7 @@ pub struct WbtState {
     pub wc: bool,
     /// Depth grows only after windows in which the limit held a request back.
     pub scale_up_when_limited: bool,
+    pub judge: WbtJudge,
     /// Tracked requests in flight [background writes, discards].
     pub inflight: [u32; 2],
     /// Windows evaluated so far.
@@ -323,6 +347,8 @@ pub struct RqWb {
     limited: AtomicBool,
     /// Grow depth only after a window in which the limit held a request back.
     scale_up_when_limited: AtomicBool,
+    /// A `WbtJudge`.
+    judge: AtomicU8,
     ctl: Mutex<Ctl>,
 }
 
@@ -345,6 +371,7 @@ impl RqWb {
             inflight: Default::default(),
             limited: AtomicBool::new(false),
             scale_up_when_limited: AtomicBool::new(true),
+            judge: AtomicU8::new(WbtJudge::Tail as u8),
             ctl: Mutex::new(Ctl {
                 depth: RqDepth::new(queue_depth),
                 unknown_cnt: 0,
@@ -434,6 +461,18 @@ impl RqWb {
 
     pub fn scale_up_when_limited(&self) -> bool {
         self.scale_up_when_limited.load(Ordering::Relaxed)
+    }
+
+    pub fn set_judge(&self, j: WbtJudge) {
+        self.judge.store(j as u8, Ordering::Relaxed);
+    }
+
+    pub fn judge(&self) -> WbtJudge {
+        if self.judge.load(Ordering::Relaxed) == WbtJudge::Min as u8 {
+            WbtJudge::Min
+        } else {
+            WbtJudge::Tail
+        }
     }
 
     /// The queue depth changed (wbt_queue_depth_changed). The caller wakes waiters.
@@ -676,9 +715,18 @@ impl RqWb {
             }
             return LatStatus::Unknown;
         }
-        // The fastest read was too slow: that is queueing, not device noise.
-        if read.min_ns > min_lat {
-            out.lat_nsec = Some(read.min_ns);
+        let late = match self.judge() {
+            // The fastest read was too slow: that is queueing, not device noise.
+            WbtJudge::Min => (read.min_ns > min_lat).then_some(read.min_ns),
+            WbtJudge::Tail if self.rotational => {
+                (read.mean_ns() > min_lat).then_some(read.mean_ns())
+            }
+            // A tenth of the reads late (at least one): reads queue behind writes often
+            // enough to matter, whether or not some found the device idle.
+            WbtJudge::Tail => (read.missed >= (read.nr / 10).max(1)).then_some(read.max_ns),
+        };
+        if let Some(lat) = late {
+            out.lat_nsec = Some(lat);
             out.stat = Some(*stat);
             return LatStatus::Exceeded;
         }
@@ -787,6 +835,7 @@ impl RqWb {
             unknown_cnt: ctl.unknown_cnt,
             wc: self.wc.load(Ordering::Relaxed),
             scale_up_when_limited: self.scale_up_when_limited(),
+            judge: self.judge(),
             inflight: [self.inflight(RWQ_BG), self.inflight(RWQ_DISCARD)],
             windows: ctl.windows,
             last_status: ctl.last_status,
@@ -943,6 +992,7 @@ impl Shared {
     /// Start a window (blk_stat_activate_nsecs): clear the stats, collect from now on.
     fn arm_locked(&self, st: &mut TimerState, now: u64) {
         let len = self.rwb.arm_window();
+        self.win.set_threshold(self.rwb.min_lat_nsec());
         self.win.take();
         st.deadline = Some(now.saturating_add(len));
         self.win.arm(true);
@@ -1089,7 +1139,14 @@ impl Wbt {
     /// at the end of the current window for the latency verdict.
     pub fn set_lat_usec(&self, usec: u64) {
         self.sh.rwb.set_min_lat(usec.saturating_mul(NSEC_PER_USEC));
+        // Reads completing from now on count as missed against the new target.
+        self.sh.win.set_threshold(self.sh.rwb.min_lat_nsec());
         self.sh.wake_everyone(self.sh.clock.coarse_ns());
+    }
+
+    /// How windows' reads are judged: the fastest (the kernel) or the tail.
+    pub fn set_judge(&self, j: WbtJudge) {
+        self.sh.rwb.set_judge(j);
     }
 
     /// Grow depth only after windows in which the limit held a request back (true, the
@@ -1300,12 +1357,14 @@ mod tests {
 
     const MS: u64 = NSEC_PER_MSEC;
 
+    /// `nr` reads of `min_ns` each, judged against 2 ms.
     fn bucket(nr: u64, min_ns: u64) -> LatBucket {
         LatBucket {
             nr,
             min_ns,
             max_ns: min_ns,
             sum_ns: min_ns.saturating_mul(nr),
+            missed: if min_ns > 2 * MS { nr } else { 0 },
         }
     }
     fn none() -> LatBucket {
@@ -1319,6 +1378,7 @@ mod tests {
     /// `scale_up_when_limited` tests cover ours.
     fn kernel(r: RqWb) -> RqWb {
         r.set_scale_up_when_limited(false);
+        r.set_judge(WbtJudge::Min);
         r
     }
 
@@ -1425,6 +1485,59 @@ mod tests {
         r.set_scale_up_when_limited(false);
         next(&r, [bucket(10, MS / 2), bucket(10, MS / 10)]);
         assert_eq!(r.depth().scale_step, -1);
+    }
+
+    #[test]
+    fn the_tail_judge_sees_reads_behind_bursts_that_the_fastest_read_hides() {
+        // 20 reads: one found the device idle (0.5 ms), three waited behind a burst of
+        // writes (12 ms), the rest were fine.
+        let bursty = LatBucket {
+            nr: 20,
+            min_ns: MS / 2,
+            max_ns: 12 * MS,
+            sum_ns: 3 * 12 * MS + 17 * MS,
+            missed: 3,
+        };
+        let writes = bucket(10, MS);
+        let r = RqWb::new(1023, false, false, None);
+        assert_eq!(r.judge(), WbtJudge::Tail, "the tail is the default");
+        let out = window(&r, 100 * MS, [bursty, writes]);
+        assert_eq!(out.status, Some(LatStatus::Exceeded));
+        assert_eq!(
+            out.lat_nsec,
+            Some(12 * MS),
+            "wbt_lat reports the slowest read"
+        );
+        assert_eq!(r.depth().scale_step, 1);
+        // One late read in twenty is under a tenth: fine.
+        let out = window(
+            &r,
+            200 * MS,
+            [
+                LatBucket {
+                    missed: 1,
+                    ..bursty
+                },
+                writes,
+            ],
+        );
+        assert_eq!(out.status, Some(LatStatus::Ok));
+        // The kernel's rule looks at the fastest read only.
+        let k = kernel(RqWb::new(1023, false, false, None));
+        let out = window(&k, 100 * MS, [bursty, writes]);
+        assert_eq!(out.status, Some(LatStatus::Ok));
+        // On a disk the tail rule judges the mean read (blk-iolatency's rotational rule).
+        let hdd = RqWb::new(32, true, true, None);
+        let slow = LatBucket {
+            nr: 4,
+            min_ns: 5 * MS,
+            max_ns: 200 * MS,
+            sum_ns: 400 * MS,
+            missed: 0,
+        };
+        let out = window(&hdd, 100 * MS, [slow, writes]);
+        assert_eq!(out.status, Some(LatStatus::Exceeded));
+        assert_eq!(out.lat_nsec, Some(100 * MS));
     }
 
     // 4.9 scenario 2.

@@ -337,6 +337,9 @@ impl Volume {
         if let Some(on) = opts.wbt_scale_up_when_limited {
             q.set_wbt_scale_up_when_limited(on);
         }
+        if let Some(j) = opts.wbt_judge {
+            q.set_wbt_judge(j);
+        }
         let cache = PageCache::new(opts.cache.clone());
         let bdi = Bdi::new(q.clone(), cache.clone(), opts.wb.clone());
         let aops = Arc::new(Aops {

@@ -55,6 +55,9 @@ pub struct MountOptions {
     /// (the default), or, set to false, after every window whose reads met the target
     /// as the kernel does; None leaves the queue's setting.
     pub wbt_scale_up_when_limited: Option<bool>,
+    /// How wbt judges a window's reads (`min`: the fastest, as the kernel's wbt;
+    /// `tail`: one in ten late, blk-iolatency's rule); None leaves the queue's setting.
+    pub wbt_judge: Option<crate::block::wbt::WbtJudge>,
 }
 
 impl Default for MountOptions {
@@ -68,6 +71,7 @@ impl Default for MountOptions {
             flush_on_close: true,
             wbt_lat_usec: None,
             wbt_scale_up_when_limited: None,
+            wbt_judge: None,
         }
     }
 }
@@ -78,7 +82,7 @@ impl MountOptions {
         dirty_ratio, dirty_background_ratio, dirty_bytes, dirty_background_bytes, \
         dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
         max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec, \
-        wbt_scale_up_when_limited";
+        wbt_scale_up_when_limited, wbt_judge";
 
     /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
     /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
@@ -123,6 +127,12 @@ impl MountOptions {
             "flush_on_close" | "auto_da_alloc" => self.flush_on_close = flag()?,
             "wbt_lat_usec" => self.wbt_lat_usec = Some(num()?),
             "wbt_scale_up_when_limited" => self.wbt_scale_up_when_limited = Some(flag()?),
+            "wbt_judge" => {
+                self.wbt_judge = Some(
+                    crate::block::wbt::WbtJudge::parse(value)
+                        .ok_or_else(|| bad("expected min or tail".into()))?,
+                )
+            }
             "max_batch_time" => self.max_batch_us = num()?,
             _ => {
                 return Err(FsError::Invalid(format!(
