@@ -176,9 +176,18 @@ fn reclaim_never_drops_a_dirty_page() {
 
 #[test]
 fn readahead_reads_sequential_files_in_window_sized_requests() {
+    // Windows 4, 8, 16, then 32 pages (128 KiB) to the end of 2048 pages.
+    assert_eq!(
+        cold_sequential_reads(CacheConfig::default()),
+        3 + (2048 - 28u64).div_ceil(32)
+    );
+}
+
+/// Device reads of reading an 8 MiB file page by page, cold, with this readahead limit.
+fn cold_sequential_reads(cache: CacheConfig) -> u64 {
     let v = volume(
         "null,memory_backed=1,lbs=4096,size=64M",
-        CacheConfig::default(),
+        cache,
         quiet_wb(true),
         4096,
     );
@@ -199,9 +208,61 @@ fn readahead_reads_sequential_files_in_window_sized_requests() {
         (data.len() / 512) as u64,
         "each page read once"
     );
-    // Windows 4, 8, 16, then 32 pages (128 KiB) to the end.
-    let pages = (data.len() / 4096) as u64;
-    assert_eq!(d.reads(), 3 + (pages - 28).div_ceil(32));
+    d.reads()
+}
+
+#[test]
+fn a_sequential_reader_starts_the_next_window_before_it_needs_it() {
+    let v = volume(
+        "null,memory_backed=1,lbs=4096,size=64M",
+        CacheConfig::default(),
+        quiet_wb(true),
+        4096,
+    );
+    let f = v.file(0);
+    f.write_at(0, &vec![7u8; 1 << 20]).unwrap();
+    v.bdi.sync().unwrap();
+    let f = v.evict(0, 1 << 20).unwrap();
+    let before = v.q.diskstats();
+    let mut out = vec![0u8; 4096];
+    let read_pages = |n: u64| {
+        let d = v.q.diskstats().delta(&before);
+        assert_eq!(d.sectors[0] % 8, 0);
+        assert_eq!(d.sectors[0] / 8, n);
+    };
+    f.read_at(0, &mut out).unwrap();
+    read_pages(4); // the first window, synchronously
+    f.read_at(4096, &mut out).unwrap();
+    read_pages(4 + 8); // leaving the first page started the next window
+    f.read_at(2 * 4096, &mut out).unwrap();
+    f.read_at(3 * 4096, &mut out).unwrap();
+    read_pages(4 + 8); // nothing more until the reader enters that window
+    f.read_at(4 * 4096, &mut out).unwrap();
+    read_pages(4 + 8 + 16);
+    // A jump elsewhere starts a new stream: a small window, the next one as the reader
+    // moves on.
+    f.read_at(100 * 4096, &mut out).unwrap();
+    f.read_at(101 * 4096, &mut out).unwrap();
+    read_pages(4 + 8 + 16 + 4 + 8);
+}
+
+#[test]
+fn read_ahead_kb_is_in_kib_and_zero_reads_only_the_page_asked_for() {
+    let ra = |v: &str| {
+        let mut o = wbstack::fs::MountOptions::default();
+        o.parse(&format!("read_ahead_kb={v}")).unwrap();
+        o.cache
+    };
+    assert_eq!(ra("2560").ra_max_pages, 640);
+    assert_eq!(ra("1M").ra_max_pages, 256);
+    assert_eq!(ra("0").ra_max_pages, 0);
+    // 2048 pages: windows 4, 16 (fourfold while under a sixteenth of the limit), 32, 64,
+    // 128, then 256 pages (also the device's largest IO) to the end.
+    assert_eq!(
+        cold_sequential_reads(ra("1024")),
+        5 + (2048 - 244u64).div_ceil(256)
+    );
+    assert_eq!(cold_sequential_reads(ra("0")), 2048);
 }
 
 #[test]

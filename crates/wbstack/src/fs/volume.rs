@@ -107,7 +107,15 @@ impl MountOptions {
         };
         match key {
             "cache_size" => self.cache.cache_size = size()?,
-            "read_ahead_kb" => self.cache.ra_max_pages = (size()? / 4096).max(1),
+            // KiB, as the queue's sysfs file; a suffixed size is bytes. 0 reads only the
+            // page asked for, as the kernel does.
+            "read_ahead_kb" => {
+                let bytes = match value.trim().parse::<u64>() {
+                    Ok(kib) => kib.saturating_mul(1024),
+                    Err(_) => size()?,
+                };
+                self.cache.ra_max_pages = bytes / 4096;
+            }
             "writeback_plug" => self.wb.writeback_plug = flag()?,
             "expire_first" => self.wb.expire_first = flag()?,
             "dirty_ratio" => self.wb.dirty.dirty_ratio = pct()?,

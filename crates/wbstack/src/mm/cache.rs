@@ -188,11 +188,27 @@ impl Page {
     }
 }
 
+/// ondemand_readahead's state (struct file_ra_state): the newest window and the page
+/// that, when a read reaches it, starts the next window in the background.
 #[derive(Default)]
 struct Readahead {
     /// Page after the last one read: a read starting here is sequential.
     next: u64,
+    /// Pages in the newest window.
     window: u64,
+    /// First page after the newest window.
+    end: u64,
+    /// PG_readahead: the page whose read starts the next window (asynchronous
+    /// readahead), so a sequential reader finds its pages read or in flight. `None`
+    /// after a random read.
+    marker: Option<u64>,
+}
+
+impl Readahead {
+    /// get_next_ra_size: grow fast while small, then double, up to `max`.
+    fn next_size(cur: u64, max: u64) -> u64 {
+        if cur < max / 16 { cur * 4 } else { cur * 2 }.min(max)
+    }
 }
 
 struct Inner {
@@ -432,19 +448,37 @@ impl Mapping {
                 .pages
                 .get(&index)
                 .is_some_and(|p| p.uptodate || p.reading);
+            let eof_pages = size.div_ceil(PAGE_SIZE as u64);
+            // ra_max_pages 0 (read_ahead_kb=0) still reads the page asked for.
+            let max = self.cache().cfg.ra_max_pages.max(1);
             if !present {
-                let window = {
-                    let ra = &mut inner.ra;
-                    ra.window = if index == ra.next && ra.window > 0 {
-                        (ra.window * 2).min(self.cache().cfg.ra_max_pages)
-                    } else {
-                        4.min(self.cache().cfg.ra_max_pages).max(1)
-                    };
-                    ra.window
+                // page_cache_sync_ra: a sequential miss grows the window, any other
+                // starts small. The next window starts when the reader leaves this
+                // page (the kernel's async_size = size - req_size).
+                let ra = &mut inner.ra;
+                ra.window = if index == ra.next && ra.window > 0 {
+                    Readahead::next_size(ra.window, max)
+                } else {
+                    4.min(max)
                 };
-                let eof_pages = size.div_ceil(PAGE_SIZE as u64);
+                let window = ra.window.min(eof_pages - index);
+                ra.end = index + window;
+                ra.marker = (window > 1).then_some(index + 1);
                 drop(inner);
-                self.read_pages(index, window.min(eof_pages - index))?;
+                self.read_pages(index, window)?;
+                inner = self.inner.lock();
+            } else if inner.ra.marker == Some(index) && inner.ra.end < eof_pages {
+                // page_cache_async_ra: the reader reached the marker, so read the next
+                // window now, while it consumes this one; its first page is the next
+                // marker. An error is left for the read that needs the page.
+                let ra = &mut inner.ra;
+                ra.window = Readahead::next_size(ra.window, max);
+                let start = ra.end;
+                let window = ra.window.min(eof_pages - start);
+                ra.end = start + window;
+                ra.marker = Some(start);
+                drop(inner);
+                let _ = self.read_pages(start, window);
                 inner = self.inner.lock();
             }
             inner = self.wait_page_read(inner, index)?;
