@@ -484,14 +484,8 @@ pub struct WbtArm {
     pub wbt: &'static str,
     /// 0: wbt off; else its target.
     pub wbt_lat_usec: u64,
-    pub read_p50_us: u64,
-    pub read_p99_us: u64,
-    pub read_p9999_us: u64,
-    pub read_max_us: u64,
-    pub read_over: u64,
-    pub write_p9999_us: u64,
-    pub read_kib_s: u64,
-    pub write_kib_s: u64,
+    #[serde(flatten)]
+    pub figures: crate::readlat::ReadlatFigures,
     /// The dd's bytes over the time from its first write until they were on the
     /// device (a sync after the reads): the writeback wbt throttles.
     pub writeback_mib_s: f64,
@@ -610,14 +604,7 @@ pub fn wbt(o: &LabOpts) -> Result<Experiment<WbtArm>, String> {
                 scenario,
                 wbt,
                 wbt_lat_usec: if wbt == "off" { 0 } else { default_lat },
-                read_p50_us: r.read_p50_us,
-                read_p99_us: r.read_p99_us,
-                read_p9999_us: r.read_p9999_us,
-                read_max_us: r.read_max_us,
-                read_over: r.read_over,
-                write_p9999_us: r.write_p9999_us,
-                read_kib_s: r.read_kib_s,
-                write_kib_s: r.write_kib_s,
+                figures: r.figures.clone(),
                 writeback_mib_s: r.dd.as_ref().map_or(0.0, |d| d.durable_mib_s),
                 wbt_scale_step: w["scale_step"].as_i64().unwrap_or(0),
                 wbt_waits: w["waits"][0].as_u64().unwrap_or(0),
@@ -670,13 +657,13 @@ pub fn print_wbt(e: &Experiment<WbtArm>) {
             "{:<26} {:>7} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8} {:>7} {:>7.0} {:>5}",
             a.name,
             a.wbt_lat_usec,
-            a.read_p50_us,
-            a.read_p99_us,
-            a.read_p9999_us,
-            a.read_over,
-            a.read_max_us,
-            a.write_p9999_us,
-            a.read_kib_s,
+            a.figures.read_p50_us,
+            a.figures.read_p99_us,
+            a.figures.read_p9999_us,
+            a.figures.read_over,
+            a.figures.read_max_us,
+            a.figures.write_p9999_us,
+            a.figures.read_kib_s,
             a.writeback_mib_s,
             a.wbt_scale_step
         );
@@ -704,10 +691,10 @@ pub fn print_wbt(e: &Experiment<WbtArm>) {
             if let Some(on) = get(wbt) {
                 println!(
                     "{dev} {scenario}, wbt {wbt}: p99.99 {:.2}x, max {:.2}x, Over {:.2}x of off; write rate {:.0}%, writeback {:.0}% of off",
-                    on.read_p9999_us as f64 / off.read_p9999_us.max(1) as f64,
-                    on.read_max_us as f64 / off.read_max_us.max(1) as f64,
-                    on.read_over as f64 / off.read_over.max(1) as f64,
-                    on.write_kib_s as f64 / off.write_kib_s.max(1) as f64 * 100.0,
+                    on.figures.read_p9999_us as f64 / off.figures.read_p9999_us.max(1) as f64,
+                    on.figures.read_max_us as f64 / off.figures.read_max_us.max(1) as f64,
+                    on.figures.read_over as f64 / off.figures.read_over.max(1) as f64,
+                    on.figures.write_kib_s as f64 / off.figures.write_kib_s.max(1) as f64 * 100.0,
                     on.writeback_mib_s / off.writeback_mib_s.max(1e-9) * 100.0
                 );
             }

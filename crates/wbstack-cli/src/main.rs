@@ -566,7 +566,7 @@ fn run_readlat(a: ReadlatArgs) -> Result<(), String> {
         if a.on.json {
             print_json(&r)?;
         } else {
-            let late = r.read_over + r.write.over;
+            let late = r.figures.read_over + r.write.over;
             if late as usize > o.print_max {
                 eprintln!(
                     "[... {} more late reads/writes not printed]",

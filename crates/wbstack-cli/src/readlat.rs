@@ -138,6 +138,20 @@ pub struct DdSummary {
     pub durable_mib_s: f64,
 }
 
+/// The seed's headline figures of one run (flattened into every JSON that reports a
+/// readlat run).
+#[derive(Clone, Debug, Serialize)]
+pub struct ReadlatFigures {
+    pub read_p50_us: u64,
+    pub read_p99_us: u64,
+    pub read_p9999_us: u64,
+    pub read_max_us: u64,
+    pub read_over: u64,
+    pub write_p9999_us: u64,
+    pub read_kib_s: u64,
+    pub write_kib_s: u64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct ReadlatReport {
     pub tool: &'static str,
@@ -149,14 +163,8 @@ pub struct ReadlatReport {
     pub bytes: u64,
     /// Whether the input was dropped from the cache before the reads.
     pub cold: bool,
-    pub read_p50_us: u64,
-    pub read_p99_us: u64,
-    pub read_p9999_us: u64,
-    pub read_max_us: u64,
-    pub read_over: u64,
-    pub write_p9999_us: u64,
-    pub read_kib_s: u64,
-    pub write_kib_s: u64,
+    #[serde(flatten)]
+    pub figures: ReadlatFigures,
     pub read: LatSummary,
     pub write: LatSummary,
     /// Reader threads that were started (1 when no read was ever late).
@@ -182,8 +190,8 @@ pub fn human_lines(r: &ReadlatReport) -> Vec<String> {
             s.over, s.min_us, s.max_us
         ));
     }
-    v.push(format!("Read rate (KB/sec) : {}", r.read_kib_s));
-    v.push(format!("Write rate (KB/sec): {}", r.write_kib_s));
+    v.push(format!("Read rate (KB/sec) : {}", r.figures.read_kib_s));
+    v.push(format!("Write rate (KB/sec): {}", r.figures.write_kib_s));
     v
 }
 
@@ -236,9 +244,16 @@ impl Shared {
         self.pool_cv.notify_all();
     }
 
-    fn late(&self, what: &str, us: u64) {
-        if self.printed.fetch_add(1, Ordering::Relaxed) < self.print_max {
-            eprintln!("{what} latency={us} usec");
+    /// Record one read's or write's latency since `start`; a late one counts in `over`
+    /// and is printed (up to --print-max), as read-to-pipe-async does.
+    fn record(&self, what: &str, start: Instant, hist: &mut Histogram<u64>, over: &mut u64) {
+        let us = start.elapsed().as_micros() as u64;
+        hist.saturating_record(us);
+        if us > self.target_us {
+            *over += 1;
+            if self.printed.fetch_add(1, Ordering::Relaxed) < self.print_max {
+                eprintln!("{what} latency={us} usec");
+            }
         }
     }
 }
@@ -292,12 +307,7 @@ fn reader(sh: Arc<Shared>) -> (Histogram<u64>, u64) {
                 }
             }
         }
-        let lat = s.elapsed().as_micros() as u64;
-        hist.saturating_record(lat);
-        if lat > sh.target_us {
-            over += 1;
-            sh.late("read", lat);
-        }
+        sh.record("read", s, &mut hist, &mut over);
         sh.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
         sh.pool.lock().busy -= 1;
         {
@@ -337,12 +347,7 @@ fn pipe_writer(
             sh.fail(format!("readlat: write to pipe: {e}"));
             break;
         }
-        let lat = s.elapsed().as_micros() as u64;
-        hist.saturating_record(lat);
-        if lat > sh.target_us {
-            over += 1;
-            sh.late("write", lat);
-        }
+        sh.record("write", s, &mut hist, &mut over);
     }
     (hist, over, Instant::now())
 }
@@ -668,14 +673,16 @@ pub fn run(o: &ReadlatOpts, fs: Arc<dyn BenchFs>) -> Result<ReadlatReport, Strin
         blocks,
         bytes: size,
         cold,
-        read_p50_us: read.pct(50.0),
-        read_p99_us: read.pct(99.0),
-        read_p9999_us: read.pct(99.99),
-        read_max_us: read.max_us,
-        read_over,
-        write_p9999_us: write.pct(99.99),
-        read_kib_s: rate(read_end),
-        write_kib_s: rate(write_end),
+        figures: ReadlatFigures {
+            read_p50_us: read.pct(50.0),
+            read_p99_us: read.pct(99.0),
+            read_p9999_us: read.pct(99.99),
+            read_max_us: read.max_us,
+            read_over,
+            write_p9999_us: write.pct(99.99),
+            read_kib_s: rate(read_end),
+            write_kib_s: rate(write_end),
+        },
         read,
         write,
         reader_threads: nreaders,

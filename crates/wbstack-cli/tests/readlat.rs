@@ -149,15 +149,15 @@ fn every_block_is_read_once_and_piped_through_unchanged() {
     assert_eq!(r.output_bytes, size);
     same_files(dir.path());
     assert!(r.cold, "the input was dropped from the cache");
-    assert_eq!((r.read_over, r.read.over, r.write.over), (0, 0, 0));
+    assert_eq!((r.figures.read_over, r.read.over, r.write.over), (0, 0, 0));
     assert_eq!(
         r.reader_threads, 1,
         "no read was late, so one reader did them all"
     );
     assert_eq!(r.read.percentiles.len(), PERCENTILES.len());
     assert!(r.read.percentiles.windows(2).all(|w| w[0].us <= w[1].us));
-    assert_eq!(r.read_max_us, r.read.max_us);
-    assert!(r.read_kib_s > 0 && r.write_kib_s > 0);
+    assert_eq!(r.figures.read_max_us, r.read.max_us);
+    assert!(r.figures.read_kib_s > 0 && r.figures.write_kib_s > 0);
 }
 
 #[test]
@@ -172,8 +172,8 @@ fn slow_reads_do_not_hold_up_the_next_and_each_counts_once() {
     let t = Instant::now();
     let r = readlat::run(&opts(256 << 10, 50), fs).unwrap();
     let wall = t.elapsed();
-    assert_eq!(r.read_over, 5, "one late read per slow block");
-    assert!(r.read_max_us >= 200_000);
+    assert_eq!(r.figures.read_over, 5, "one late read per slow block");
+    assert!(r.figures.read_max_us >= 200_000);
     assert!(r.reader_threads >= 2, "late reads got readers of their own");
     // In turn, the five would take a second; overlapped, ~5 targets plus one.
     assert!(
@@ -214,12 +214,16 @@ fn a_stall_counts_one_late_read_per_target_interval() {
     // Reads issued 0, 20, ..., 180 ms into the stall wait 200, 180, ..., 20 ms: those
     // over 20 ms are late, about stall / target of them (fewer if the issuer wakes late).
     assert!(
-        (7..=11).contains(&r.read_over),
+        (7..=11).contains(&r.figures.read_over),
         "a 200 ms stall at a 20 ms target: {} late reads",
-        r.read_over
+        r.figures.read_over
     );
-    assert!(r.read_max_us >= 190_000, "max {}", r.read_max_us);
-    assert!(r.reader_threads as u64 >= r.read_over.min(8));
+    assert!(
+        r.figures.read_max_us >= 190_000,
+        "max {}",
+        r.figures.read_max_us
+    );
+    assert!(r.reader_threads as u64 >= r.figures.read_over.min(8));
     same_files(dir.path());
 }
 
