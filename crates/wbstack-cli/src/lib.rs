@@ -8,6 +8,7 @@ pub mod fio;
 pub mod fsmark;
 pub mod hog;
 pub mod lab;
+pub mod mount;
 pub mod labfs;
 pub mod readlat;
 pub mod tardd;

@@ -48,6 +48,62 @@ enum Cmd {
     /// Cut the power of a simulated device under a mixed workload, again and again, and
     /// check that every fsync's promise survived, nothing is garbage and fsck is clean.
     Crashtest(CrashtestArgs),
+    /// Mount an image (or a device spec: sim:ssd is an in-memory volume) on a
+    /// directory through FUSE; in the background unless --foreground.
+    Mount(MountCliArgs),
+    /// Unmount a wbstack mount and wait for its final writeback and checkpoint.
+    Umount(UmountArgs),
+    /// Read or set a mounted volume's run-time knobs (no knob: list them all).
+    Ctl(CtlArgs),
+    /// iostat -x for a mounted volume, a line per interval.
+    Iostat(IostatArgs),
+}
+
+#[derive(Args)]
+struct MountCliArgs {
+    /// An image made by `wbstack mkfs` (a path), or a device spec.
+    source: String,
+    /// Where to mount it.
+    dir: PathBuf,
+    /// Mount options: every -o of the bench tools (cache_size, dirty_ratio,
+    /// wbt_lat_usec, flush_on_close, ...) and allow_other, default_permissions, ro,
+    /// threads=N.
+    #[arg(short = 'o', value_name = "OPTS")]
+    options: Vec<String>,
+    /// Stay attached (^C unmounts).
+    #[arg(long)]
+    foreground: bool,
+    /// Where a background daemon writes its messages (default: nowhere).
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct UmountArgs {
+    dir: PathBuf,
+}
+
+#[derive(Args)]
+struct CtlArgs {
+    /// The mount point.
+    dir: PathBuf,
+    /// knob (read it) or knob=value (set it).
+    knob: Option<String>,
+}
+
+#[derive(Args)]
+struct IostatArgs {
+    /// The mount point.
+    dir: PathBuf,
+    /// Seconds between lines.
+    #[arg(default_value = "1", value_parser = duration_arg)]
+    interval: Duration,
+    /// Lines to print (default: until interrupted).
+    #[arg(long)]
+    count: Option<u64>,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -661,6 +717,17 @@ fn run(cmd: Cmd) -> ExitCode {
                 Err(e) => Err(e),
             }
         }
+        Cmd::Mount(a) => wbstack_cli::mount::mount(&wbstack_cli::mount::MountArgs {
+            source: a.source,
+            dir: a.dir,
+            options: a.options,
+            foreground: a.foreground,
+            log: a.log,
+        })
+        .map_err(|e| format!("mount: {e}")),
+        Cmd::Umount(a) => wbstack_cli::mount::umount(&a.dir).map_err(|e| format!("umount: {e}")),
+        Cmd::Ctl(a) => wbstack_cli::mount::ctl::ctl(&a.dir, a.knob.as_deref()).map(|s| print!("{s}")),
+        Cmd::Iostat(a) => wbstack_cli::mount::iostat::run(&a.dir, a.interval, a.count, a.json),
         Cmd::Lab(a) => run_lab(a),
         Cmd::Bench(BenchCmd::Blk(a)) => run_blk(a),
         Cmd::Bench(BenchCmd::Smallfiles(a)) => {

@@ -73,6 +73,24 @@ pub fn take() -> Vec<TraceEvent> {
     ring().events.lock().drain(..).collect()
 }
 
+/// The oldest events as JSON lines, taken from the ring, at most `max_bytes` of them
+/// (at least one event when any is recorded, however long): a streaming reader's
+/// next chunk.
+pub fn take_up_to(max_bytes: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut q = ring().events.lock();
+    while let Some(e) = q.front() {
+        let line = serde_json::to_string(e).unwrap_or_default();
+        if !out.is_empty() && out.len() + line.len() + 1 > max_bytes {
+            break;
+        }
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+        q.pop_front();
+    }
+    out
+}
+
 /// Every recorded event as JSON lines (and clear the ring).
 pub fn dump_jsonl() -> String {
     let mut s = String::new();

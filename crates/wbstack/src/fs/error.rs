@@ -38,6 +38,18 @@ pub enum FsError {
     /// nothing is half-applied on disk (ext4's errors=remount-ro).
     #[error("read-only filesystem: shut down after {0}")]
     ReadOnly(String),
+    #[error("{0}: permission denied")]
+    Access(String),
+    #[error("{0}: no such attribute")]
+    NoData(String),
+    #[error("{0}: argument list too long")]
+    TooBig(String),
+    #[error("{0}: too many links")]
+    TooManyLinks(String),
+    #[error("no data or hole past the end of the file")]
+    NoSuchOffset,
+    #[error("{0}: device or resource busy")]
+    Busy(String),
     #[error("filesystem is corrupt: {0}; run `wbstack fsck`")]
     Corrupt(String),
     /// Mount or fsck could not read the image.
@@ -63,6 +75,12 @@ impl FsError {
             FsError::BadFd(_) => libc::EBADF,
             FsError::NotSupported(_) => libc::EOPNOTSUPP,
             FsError::ReadOnly(_) => libc::EROFS,
+            FsError::Access(_) => libc::EACCES,
+            FsError::NoData(_) => libc::ENODATA,
+            FsError::TooBig(_) => libc::E2BIG,
+            FsError::TooManyLinks(_) => libc::EMLINK,
+            FsError::Busy(_) => libc::EBUSY,
+            FsError::NoSuchOffset => libc::ENXIO,
             FsError::Corrupt(_) | FsError::Format(_) => libc::EUCLEAN,
         }
     }

@@ -7,7 +7,11 @@ use std::fmt;
 
 pub const BLOCK_SIZE: usize = 4096;
 pub const SB_MAGIC: u64 = u64::from_le_bytes(*b"WBSTACK1");
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2 added device nodes, FIFOs and sockets (their kinds and `rdev`) and
+/// extended attributes. Version 1 images are read and upgraded at mount.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this build reads.
+pub const OLDEST_VERSION: u32 = 1;
 pub const TXN_MAGIC: u32 = u32::from_le_bytes(*b"TXN1");
 pub const CKPT_MAGIC: u32 = u32::from_le_bytes(*b"CKP1");
 /// Superblock copies live in these blocks.
@@ -17,7 +21,7 @@ pub const SB_BLOCKS: [u64; 2] = [0, 1];
 pub enum FormatError {
     #[error("not a wbstack image: the magic number is {0:#018x}, expected {SB_MAGIC:#018x}")]
     BadMagic(u64),
-    #[error("format version {0} is not supported (this build reads version {FORMAT_VERSION})")]
+    #[error("format version {0} is not supported (this build reads versions {OLDEST_VERSION} to {FORMAT_VERSION}; a newer wbstack made this image)")]
     BadVersion(u32),
     #[error("{what} checksum mismatch (stored {stored:#010x}, computed {computed:#010x}); run `wbstack fsck`")]
     Checksum {
@@ -184,7 +188,7 @@ impl Superblock {
             return Err(FormatError::BadMagic(magic));
         }
         let version = r.u32()?;
-        if version != FORMAT_VERSION {
+        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError::BadVersion(version));
         }
         let block_size = r.u32()?;
@@ -262,18 +266,57 @@ pub enum InodeKind {
     File = 1,
     Dir = 2,
     Symlink = 3,
+    Fifo = 4,
+    Socket = 5,
+    CharDev = 6,
+    BlockDev = 7,
 }
 
 impl InodeKind {
-    fn from_u8(v: u8) -> Result<InodeKind, FormatError> {
+    pub fn from_u8(v: u8) -> Result<InodeKind, FormatError> {
         match v {
             1 => Ok(InodeKind::File),
             2 => Ok(InodeKind::Dir),
             3 => Ok(InodeKind::Symlink),
+            4 => Ok(InodeKind::Fifo),
+            5 => Ok(InodeKind::Socket),
+            6 => Ok(InodeKind::CharDev),
+            7 => Ok(InodeKind::BlockDev),
             _ => Err(FormatError::Corrupt(format!("unknown inode kind {v}"))),
         }
     }
+
+    /// The file-type bits of st_mode (S_IFREG, ...).
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            InodeKind::File => 0o100000,
+            InodeKind::Dir => 0o040000,
+            InodeKind::Symlink => 0o120000,
+            InodeKind::Fifo => 0o010000,
+            InodeKind::Socket => 0o140000,
+            InodeKind::CharDev => 0o020000,
+            InodeKind::BlockDev => 0o060000,
+        }
+    }
+
+    /// The kind named by st_mode's file-type bits.
+    pub fn from_mode(mode: u32) -> Option<InodeKind> {
+        Some(match mode & 0o170000 {
+            0o100000 | 0 => InodeKind::File,
+            0o040000 => InodeKind::Dir,
+            0o120000 => InodeKind::Symlink,
+            0o010000 => InodeKind::Fifo,
+            0o140000 => InodeKind::Socket,
+            0o020000 => InodeKind::CharDev,
+            0o060000 => InodeKind::BlockDev,
+            _ => return None,
+        })
+    }
 }
+
+/// Longest extended attribute name and value (the VFS's XATTR_NAME_MAX, XATTR_SIZE_MAX).
+pub const XATTR_NAME_MAX: usize = 255;
+pub const XATTR_SIZE_MAX: usize = 65536;
 
 /// A logical metadata change, as journaled.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -329,6 +372,16 @@ pub enum Record {
     Orphan { ino: u64 },
     /// The inode (no names left, not open) is gone and its blocks are free.
     Delete { ino: u64 },
+    /// A device node's device number (v2).
+    SetRdev { ino: u64, rdev: u32 },
+    /// Set extended attribute `name` to `value` (v2).
+    SetXattr {
+        ino: u64,
+        name: Vec<u8>,
+        value: Vec<u8>,
+    },
+    /// Remove extended attribute `name` (v2).
+    RemoveXattr { ino: u64, name: Vec<u8> },
 }
 
 impl Record {
@@ -396,6 +449,15 @@ impl Record {
             }
             Record::Delete { ino } => {
                 w.u8(10).u64(*ino);
+            }
+            Record::SetRdev { ino, rdev } => {
+                w.u8(11).u64(*ino).u32(*rdev);
+            }
+            Record::SetXattr { ino, name, value } => {
+                w.u8(12).u64(*ino).bytes(name).bytes(value);
+            }
+            Record::RemoveXattr { ino, name } => {
+                w.u8(13).u64(*ino).bytes(name);
             }
         }
     }
@@ -470,6 +532,30 @@ impl Record {
             }
             9 => Record::Orphan { ino: r.u64()? },
             10 => Record::Delete { ino: r.u64()? },
+            11 => Record::SetRdev {
+                ino: r.u64()?,
+                rdev: r.u32()?,
+            },
+            12 => {
+                let ino = r.u64()?;
+                let name = xattr_name(r)?;
+                let value = r.bytes()?;
+                if value.len() > XATTR_SIZE_MAX {
+                    return Err(FormatError::Corrupt(format!(
+                        "an extended attribute value of {} bytes",
+                        value.len()
+                    )));
+                }
+                Record::SetXattr {
+                    ino,
+                    name,
+                    value: value.to_vec(),
+                }
+            }
+            13 => Record::RemoveXattr {
+                ino: r.u64()?,
+                name: xattr_name(r)?,
+            },
             t => {
                 return Err(FormatError::Corrupt(format!(
                     "unknown journal record type {t}"
@@ -477,6 +563,18 @@ impl Record {
             }
         })
     }
+}
+
+/// An extended attribute's name as stored: 1 to XATTR_NAME_MAX bytes, no NUL.
+pub fn xattr_name(r: &mut Reader) -> Result<Vec<u8>, FormatError> {
+    let b = r.bytes()?;
+    if b.is_empty() || b.len() > XATTR_NAME_MAX || b.contains(&0) {
+        return Err(FormatError::Corrupt(format!(
+            "invalid extended attribute name of {} bytes",
+            b.len()
+        )));
+    }
+    Ok(b.to_vec())
 }
 
 /// One journal transaction: header, records, and a CRC over both. A transaction that

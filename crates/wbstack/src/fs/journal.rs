@@ -62,7 +62,16 @@ fn device_blocks(q: &RequestQueue) -> FsResult<u64> {
 /// Write a new, empty filesystem on the device.
 pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
     let nr = device_blocks(q)?;
-    let now = q.clock().now_ns();
+    let clock = q.clock();
+    // The root's timestamps are wall-clock time, as every inode's (see
+    // State::wall_offset_ns); a manual clock keeps its own time for determinism.
+    let now = if clock.is_manual() {
+        clock.now_ns()
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    };
     let fs_id = o.fs_id.unwrap_or_else(rand::random);
     let sb = Superblock::layout(nr, fs_id, now).map_err(FsError::Format)?;
     let meta = Meta::mkfs(sb.data_start, nr, now);
@@ -327,6 +336,19 @@ impl Volume {
             IoBuf::from_slice(&ckpt),
             BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
         )?;
+        if l.sb.version < super::format::FORMAT_VERSION {
+            // An older image: from now on it may hold what only this version reads, so
+            // an older binary must meet a version error, not a puzzling record.
+            l.sb.version = super::format::FORMAT_VERSION;
+            let enc = l.sb.encode();
+            for b in SB_BLOCKS {
+                q.write_sync(
+                    sector(b),
+                    IoBuf::from_slice(&enc),
+                    BioFlags::FUA | BioFlags::META,
+                )?;
+            }
+        }
         trace::emit(
             "fs_mount",
             || json!({"replayed": l.txns_replayed, "last_tid": l.last_tid, "orphans": orphans.len(), "journal_end": l.journal_end}),
@@ -346,6 +368,14 @@ impl Volume {
             vol: Mutex::new(Weak::new()),
         });
         let clock = q.clock().clone();
+        let wall_offset_ns = if clock.is_manual() {
+            0
+        } else {
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            wall.saturating_sub(clock.now_ns())
+        };
         let jwaiter = crate::clock::Waiter::new();
         clock.register_waiter(&jwaiter);
         let vol = Arc::new(Vol {
@@ -354,6 +384,7 @@ impl Volume {
             bdi,
             sb: l.sb,
             clock,
+            flush_on_close: AtomicBool::new(opts.flush_on_close),
             opts,
             st: Mutex::new(State {
                 meta: l.meta,
@@ -365,6 +396,7 @@ impl Volume {
                 inflight: HashMap::new(),
                 aborted: None,
                 ordered: Vec::new(),
+                wall_offset_ns,
             }),
             icache: Mutex::new(HashMap::new()),
             jn: Mutex::new(JState {
@@ -393,6 +425,12 @@ impl Volume {
             .map_err(|e| FsError::Invalid(format!("cannot start the commit thread: {e}")))?;
         *vol.committer.lock() = Some(h);
         Ok(Volume { vol })
+    }
+
+    /// Make every metadata change made so far durable (what fsync of a directory
+    /// promises); data still in the cache is not written.
+    pub fn commit_now(&self) -> FsResult<()> {
+        self.vol.commit_now()
     }
 
     /// Unmount: write back everything, write a final checkpoint, stop the threads.
@@ -767,6 +805,13 @@ impl Vol {
         let gen = self.barrier_started.load(Ordering::Acquire);
         self.journal_wait(tid, Some(gen))?;
         r.map_err(FsError::from)
+    }
+
+    /// Every metadata change made so far durable (fsync of a directory: its
+    /// entries are metadata only).
+    pub(super) fn commit_now(&self) -> FsResult<()> {
+        let tid = self.st.lock().running_tid;
+        self.journal_wait(tid, None)
     }
 
     /// fsync / fdatasync of one inode, reporting writeback errors through the file's

@@ -65,6 +65,10 @@ pub struct Inode {
     pub parent: u64,
     /// Directories: entries that are directories (derived; keeps nlink O(1)).
     pub subdirs: u32,
+    /// Device nodes: the device number (the kernel's new_encode_dev).
+    pub rdev: u32,
+    /// Extended attributes, full names ("user.x") to values.
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 impl Inode {
@@ -84,7 +88,22 @@ impl Inode {
             target: Vec::new(),
             parent: 0,
             subdirs: 0,
+            rdev: 0,
+            xattrs: BTreeMap::new(),
         }
+    }
+
+    /// Bytes this inode adds to the image's extras section (v2: rdev and xattrs).
+    fn extra_bytes(&self) -> u64 {
+        if self.rdev == 0 && self.xattrs.is_empty() {
+            return 0;
+        }
+        8 + 4 + 4
+            + self
+                .xattrs
+                .iter()
+                .map(|(n, v)| 8 + n.len() as u64 + v.len() as u64)
+                .sum::<u64>()
     }
 
     pub fn is_dir(&self) -> bool {
@@ -393,13 +412,39 @@ impl Meta {
                     return bad(format!("delete of directory {ino}, which is not empty"));
                 }
                 let ext: Vec<(u64, u64)> = i.extents.values().copied().collect();
-                let target = i.target.len() as u64;
+                let target = i.target.len() as u64 + i.extra_bytes();
                 self.free_blocks(ext.iter().copied(), mode)?;
                 self.inodes.remove(ino);
                 if self.orphans.remove(ino) {
                     self.image_bytes -= 8;
                 }
                 self.image_bytes -= INODE_FIXED_BYTES + ext.len() as u64 * EXTENT_BYTES + target;
+            }
+            Record::SetRdev { ino, rdev } => {
+                let i = self.get_mut(*ino)?;
+                if !matches!(i.kind, InodeKind::CharDev | InodeKind::BlockDev) {
+                    return bad(format!("device number set on inode {ino}, not a device"));
+                }
+                let old = i.extra_bytes();
+                i.rdev = *rdev;
+                let new = i.extra_bytes();
+                self.image_bytes = self.image_bytes + new - old;
+            }
+            Record::SetXattr { ino, name, value } => {
+                let i = self.get_mut(*ino)?;
+                let old = i.extra_bytes();
+                i.xattrs.insert(name.clone(), value.clone());
+                let new = i.extra_bytes();
+                self.image_bytes = self.image_bytes + new - old;
+            }
+            Record::RemoveXattr { ino, name } => {
+                let i = self.get_mut(*ino)?;
+                let old = i.extra_bytes();
+                if i.xattrs.remove(name).is_none() {
+                    return bad(format!("inode {ino} has no extended attribute to remove"));
+                }
+                let new = i.extra_bytes();
+                self.image_bytes = self.image_bytes + new - old;
             }
         }
         Ok(())
@@ -490,6 +535,20 @@ impl Meta {
         for (s, l) in free {
             w.u64(s).u64(l);
         }
+        // v2: device numbers and extended attributes, for the inodes that have any.
+        let mut extra: Vec<(&u64, &Inode)> = self
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.extra_bytes() > 0)
+            .collect();
+        extra.sort_unstable_by_key(|(ino, _)| **ino);
+        w.u64(extra.len() as u64);
+        for (ino, i) in extra {
+            w.u64(*ino).u32(i.rdev).u32(i.xattrs.len() as u32);
+            for (n, v) in &i.xattrs {
+                w.bytes(n).bytes(v);
+            }
+        }
         w.0
     }
 
@@ -511,12 +570,9 @@ impl Meta {
         let mut parents: Vec<(u64, u64)> = Vec::new();
         for _ in 0..n {
             let ino = r.u64()?;
-            let kind = match r.u8()? {
-                1 => InodeKind::File,
-                2 => InodeKind::Dir,
-                3 => InodeKind::Symlink,
-                k => return bad(format!("inode {ino} has unknown kind {k}")),
-            };
+            let k = r.u8()?;
+            let kind = InodeKind::from_u8(k)
+                .map_err(|_| MetaError(format!("inode {ino} has unknown kind {k}")))?;
             let mut i = Inode::new(kind, r.u32()?, r.u32()?, r.u32()?, 0);
             i.links = r.u32()?;
             i.size = r.u64()?;
@@ -574,6 +630,31 @@ impl Meta {
         for _ in 0..nf {
             free.push((r.u64()?, r.u64()?));
         }
+        // v2's extras section; a version 1 image ends before it.
+        let v1 = r.remaining() == 0;
+        if !v1 {
+            let nx = r.u64()?;
+            if nx > buf.len() as u64 / 16 {
+                return bad(format!("the image claims {nx} inodes with extras"));
+            }
+            for _ in 0..nx {
+                let ino = r.u64()?;
+                let rdev = r.u32()?;
+                let n = r.u32()?;
+                let Some(i) = inodes.get_mut(&ino) else {
+                    return bad(format!("extras for inode {ino}, which does not exist"));
+                };
+                i.rdev = rdev;
+                for _ in 0..n {
+                    let name = super::format::xattr_name(&mut r)?;
+                    let value = r.bytes()?;
+                    if value.len() > super::format::XATTR_SIZE_MAX {
+                        return bad(format!("inode {ino} has an oversized extended attribute"));
+                    }
+                    i.xattrs.insert(name, value.to_vec());
+                }
+            }
+        }
         if r.remaining() != 0 {
             return bad(format!("{} stray bytes after the image", r.remaining()));
         }
@@ -585,7 +666,7 @@ impl Meta {
             alloc: Allocator::new(space),
             image_bytes: 0,
         };
-        m.image_bytes = buf.len() as u64 - nf * FREE_EXTENT_BYTES;
+        m.image_bytes = buf.len() as u64 - nf * FREE_EXTENT_BYTES + if v1 { 8 } else { 0 };
         Ok(m)
     }
 

@@ -6,6 +6,8 @@
 //! - `meta`: the durable metadata and the one `apply` that both live operations and
 //!   journal replay use; fsck's invariant checks.
 //! - `volume`: the mounted filesystem, namespace operations, delayed allocation.
+//! - `ops`: the same operations by inode number with the caller's credentials, as
+//!   the VFS (and the FUSE front end) calls them; `perm`: who may do what.
 //! - `journal`: mkfs, mount and recovery, the committer (group commit, checkpoints).
 //! - `fsck`: the offline checker.
 
@@ -16,12 +18,17 @@ pub mod format;
 pub mod fsck;
 pub mod journal;
 pub mod meta;
+pub mod ops;
+pub mod perm;
+pub mod tunables;
 pub mod volume;
 
 pub use error::{FsError, FsResult};
 pub use flush::FlushHandle;
 pub use format::InodeKind;
 pub use journal::MkfsOptions;
+pub use ops::{RenameFlags, SetAttrIno, TimeSet, XattrMode};
+pub use perm::Cred;
 pub use volume::{
     DirEntry, File, JournalStats, MountOptions, OpenOptions, SetAttr, Stat, StatFs, Volume,
 };

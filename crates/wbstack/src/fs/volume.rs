@@ -179,6 +179,8 @@ pub struct Stat {
     pub atime_ns: u64,
     pub mtime_ns: u64,
     pub ctime_ns: u64,
+    /// Device nodes: the device number.
+    pub rdev: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -370,10 +372,14 @@ pub(super) struct State {
     pub aborted: Option<String>,
     /// Data the next commits must wait for (rename over an existing file).
     pub ordered: Vec<Ordered>,
+    /// Added to the volume clock's time to give an inode timestamp: wall-clock time
+    /// on a real clock, 0 on a manual one (tests stay deterministic). Scheduling (commit
+    /// intervals) keeps the clock's own time.
+    pub wall_offset_ns: u64,
 }
 
 impl State {
-    fn check_writable(&self) -> FsResult<()> {
+    pub(super) fn check_writable(&self) -> FsResult<()> {
         match &self.aborted {
             Some(why) => Err(FsError::ReadOnly(why.clone())),
             None => Ok(()),
@@ -415,7 +421,7 @@ impl State {
     }
 
     /// Log a new directory entry `name` in `dir` for `ino`.
-    fn log_link(&mut self, dir: u64, name: &[u8], ino: u64, now: u64) -> FsResult<()> {
+    pub(super) fn log_link(&mut self, dir: u64, name: &[u8], ino: u64, now: u64) -> FsResult<()> {
         let rec = Record::Link {
             parent: dir,
             name: name.to_vec(),
@@ -425,7 +431,7 @@ impl State {
     }
 
     /// Log the removal of entry `name` (naming `ino`) from `dir`.
-    fn log_unlink(&mut self, dir: u64, name: &[u8], ino: u64, now: u64) -> FsResult<()> {
+    pub(super) fn log_unlink(&mut self, dir: u64, name: &[u8], ino: u64, now: u64) -> FsResult<()> {
         let rec = Record::Unlink {
             parent: dir,
             name: name.to_vec(),
@@ -449,12 +455,13 @@ impl State {
 
     /// Set mtime and ctime to now (a directory's after an entry changed, a file's
     /// after a write); journaled when the transaction commits.
-    fn stamp(&mut self, ino: u64, now_ns: u64, mtime: bool) {
+    pub(super) fn stamp(&mut self, ino: u64, now_ns: u64, mtime: bool) {
         if let Some(i) = self.meta.inodes.get_mut(&ino) {
+            let t = now_ns + self.wall_offset_ns;
             if mtime {
-                i.mtime_ns = now_ns;
+                i.mtime_ns = t;
             }
-            i.ctime_ns = now_ns;
+            i.ctime_ns = t;
             self.txn_inodes.insert(ino);
             self.touch(&[ino], true, now_ns);
         }
@@ -481,7 +488,7 @@ impl State {
         }
     }
 
-    fn inode(&self, ino: u64) -> FsResult<&Inode> {
+    pub(super) fn inode(&self, ino: u64) -> FsResult<&Inode> {
         self.meta
             .inodes
             .get(&ino)
@@ -489,7 +496,7 @@ impl State {
     }
 
     /// Look `name` up in directory `dir`.
-    fn lookup(&self, dir: u64, name: &[u8]) -> FsResult<u64> {
+    pub(super) fn lookup(&self, dir: u64, name: &[u8]) -> FsResult<u64> {
         let d = self.inode(dir)?;
         if !d.is_dir() {
             return Err(FsError::NotDir(format!("inode {dir}")));
@@ -579,6 +586,8 @@ pub(super) struct Vol {
     pub sb: Superblock,
     pub clock: ClockRef,
     pub opts: MountOptions,
+    /// `opts.flush_on_close`, switchable at run time (`Volume::set_tunable`).
+    pub flush_on_close: AtomicBool,
     pub st: Mutex<State>,
     pub icache: Mutex<HashMap<u64, Arc<Mapping>>>,
     pub jn: Mutex<JState>,
@@ -875,7 +884,7 @@ fn components(path: &str) -> Vec<&[u8]> {
         .collect()
 }
 
-fn check_name(name: &[u8]) -> FsResult<()> {
+pub(super) fn check_name(name: &[u8]) -> FsResult<()> {
     if name.len() > NAME_MAX {
         return Err(FsError::NameTooLong(
             String::from_utf8_lossy(&name[..32]).into_owned() + "...",
@@ -896,7 +905,7 @@ impl Vol {
     }
 
     /// The page-cache mapping of regular file `ino` (created on first use).
-    fn mapping(&self, st: &State, ino: u64) -> FsResult<Arc<Mapping>> {
+    pub(super) fn mapping(&self, st: &State, ino: u64) -> FsResult<Arc<Mapping>> {
         let i = st.inode(ino)?;
         if i.kind != InodeKind::File {
             return Err(FsError::IsDir(format!("inode {ino}")));
@@ -974,7 +983,7 @@ impl Vol {
     }
 
     /// Resolve a whole path; `follow_last` follows a symlink in the last component.
-    fn resolve(&self, st: &State, path: &str, follow_last: bool) -> FsResult<u64> {
+    pub(super) fn resolve(&self, st: &State, path: &str, follow_last: bool) -> FsResult<u64> {
         let mut comps = components(path);
         let Some(last) = comps.pop() else {
             return Ok(ROOT_INO);
@@ -992,7 +1001,7 @@ impl Vol {
         }
     }
 
-    fn stat_of(&self, st: &State, ino: u64) -> FsResult<Stat> {
+    pub(super) fn stat_of(&self, st: &State, ino: u64) -> FsResult<Stat> {
         let i = st.inode(ino)?;
         let size = match (i.kind, self.icache.lock().get(&ino)) {
             (InodeKind::File, Some(m)) => m.size(),
@@ -1014,12 +1023,13 @@ impl Vol {
             atime_ns: i.atime_ns,
             mtime_ns: i.mtime_ns,
             ctime_ns: i.ctime_ns,
+            rdev: i.rdev,
         })
     }
 
     /// Refuse to grow the metadata past what a checkpoint slot can hold (else the
     /// journal could fill with no way to checkpoint it).
-    fn check_meta_room(&self, st: &State, extra: u64) -> FsResult<()> {
+    pub(super) fn check_meta_room(&self, st: &State, extra: u64) -> FsResult<()> {
         let slot = self.sb.checkpoint[0].1 * PAGE;
         if st.meta.image_bytes() + extra + 4096 > slot * 9 / 10 {
             return Err(FsError::NoSpace);
@@ -1029,7 +1039,7 @@ impl Vol {
 
     /// Create `name` in `dir`.
     #[allow(clippy::too_many_arguments)]
-    fn create_node(
+    pub(super) fn create_node(
         &self,
         st: &mut State,
         dir: u64,
@@ -1037,6 +1047,21 @@ impl Vol {
         kind: InodeKind,
         mode: u32,
         target: Option<&[u8]>,
+    ) -> FsResult<u64> {
+        self.create_node_as(st, dir, name, kind, (0, 0, mode), target, 0)
+    }
+
+    /// Create `name` in `dir` owned by (uid, gid) with `mode`; `rdev` for a device.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn create_node_as(
+        &self,
+        st: &mut State,
+        dir: u64,
+        name: &[u8],
+        kind: InodeKind,
+        (uid, gid, mode): (u32, u32, u32),
+        target: Option<&[u8]>,
+        rdev: u32,
     ) -> FsResult<u64> {
         st.check_writable()?;
         check_name(name)?;
@@ -1061,13 +1086,16 @@ impl Vol {
                 ino,
                 kind,
                 mode: mode & 0o7777,
-                uid: 0,
-                gid: 0,
-                time_ns: now,
+                uid,
+                gid,
+                time_ns: now + st.wall_offset_ns,
             },
             &[ino],
             now,
         )?;
+        if rdev != 0 {
+            st.log(Record::SetRdev { ino, rdev }, &[ino], now)?;
+        }
         st.log_link(dir, name, ino, now)?;
         if let Some(t) = target {
             st.log(
@@ -1084,7 +1112,7 @@ impl Vol {
     }
 
     /// The inode lost its last name: delete it now, or at last close if open.
-    fn drop_if_unlinked(&self, st: &mut State, ino: u64) -> FsResult<()> {
+    pub(super) fn drop_if_unlinked(&self, st: &mut State, ino: u64) -> FsResult<()> {
         let i = st.inode(ino)?;
         if i.links > 0 {
             return Ok(());
@@ -1097,7 +1125,7 @@ impl Vol {
         }
     }
 
-    fn delete_inode(&self, st: &mut State, ino: u64) -> FsResult<()> {
+    pub(super) fn delete_inode(&self, st: &mut State, ino: u64) -> FsResult<()> {
         if let Some(m) = self.icache.lock().remove(&ino) {
             // Its dirty pages die with it: nothing will ever read them.
             m.set_size(0);
@@ -1118,7 +1146,7 @@ impl Vol {
         Ok(())
     }
 
-    fn unlink_at(&self, dir: u64, name: &[u8], rmdir: bool) -> FsResult<()> {
+    pub(super) fn unlink_at(&self, dir: u64, name: &[u8], rmdir: bool) -> FsResult<()> {
         let mut st = self.st.lock();
         st.check_writable()?;
         let ino = st.lookup(dir, name)?;
@@ -1140,7 +1168,7 @@ impl Vol {
         self.drop_if_unlinked(&mut st, ino)
     }
 
-    fn rename_at(self: &Arc<Self>, od: u64, on: &[u8], nd: u64, nn: &[u8]) -> FsResult<()> {
+    pub(super) fn rename_at(self: &Arc<Self>, od: u64, on: &[u8], nd: u64, nn: &[u8]) -> FsResult<()> {
         let mut st = self.st.lock();
         st.check_writable()?;
         check_name(nn)?;
@@ -1178,7 +1206,7 @@ impl Vol {
             if v == ino {
                 return Ok(()); // same file: rename(2) does nothing
             }
-            if self.opts.flush_on_close && st.inode(ino)?.kind == InodeKind::File {
+            if self.flush_on_close.load(Ordering::Relaxed) && st.inode(ino)?.kind == InodeKind::File {
                 // auto_da_alloc: the commit of this rename waits for the data `ino`
                 // has now, and its writeback starts at once.
                 let l = st.live.entry(ino).or_default();
@@ -1225,7 +1253,7 @@ impl Vol {
         Ok(())
     }
 
-    fn open_ino(self: &Arc<Self>, ino: u64, o: &OpenOptions, created: bool) -> FsResult<File> {
+    pub(super) fn open_ino(self: &Arc<Self>, ino: u64, o: &OpenOptions, created: bool) -> FsResult<File> {
         let mapping = {
             let mut st = self.st.lock();
             let i = st.inode(ino)?;
@@ -1235,6 +1263,12 @@ impl Vol {
                     return Err(FsError::Invalid(format!("inode {ino} is a symlink")))
                 }
                 InodeKind::File => {}
+                // FIFOs, sockets and devices are opened by the kernel, never read here.
+                _ => {
+                    return Err(FsError::NotSupported(format!(
+                        "inode {ino} is a special file"
+                    )))
+                }
             }
             if o.write {
                 st.check_writable()?;
@@ -1270,7 +1304,7 @@ impl Vol {
         l.open = l.open.saturating_sub(1);
         let last = l.open == 0;
         // auto_da_alloc: closing a file truncated to zero starts its writeback now.
-        let kick = std::mem::take(&mut l.da_alloc_close) && self.opts.flush_on_close;
+        let kick = std::mem::take(&mut l.da_alloc_close) && self.flush_on_close.load(Ordering::Relaxed);
         if last && st.meta.inodes.get(&ino).is_some_and(|i| i.links == 0) && st.aborted.is_none() {
             return self.delete_inode(&mut st, ino);
         }
@@ -1287,17 +1321,20 @@ impl Vol {
         Ok(())
     }
 
-    fn truncate(self: &Arc<Self>, ino: u64, mapping: &Arc<Mapping>, size: u64) -> FsResult<()> {
-        if self.opts.flush_on_close {
+    pub(super) fn truncate(self: &Arc<Self>, ino: u64, mapping: &Arc<Mapping>, size: u64) -> FsResult<()> {
+        {
+            // flush_on_close may have been switched off since a truncation was
+            // deferred: a pending one is resolved here either way.
+            let foc = self.flush_on_close.load(Ordering::Relaxed);
             let mut st = self.st.lock();
             st.check_writable()?;
             let has_disk = !st.inode(ino)?.extents.is_empty();
             let l = st.live.entry(ino).or_default();
-            if size == 0 {
+            if size == 0 && foc {
                 l.da_alloc_close = true;
             }
             let pending = l.trunc_pending;
-            if size == 0 && (has_disk || pending) {
+            if foc && size == 0 && (has_disk || pending) {
                 // Deferred: the old blocks stay until the rewrite is written back.
                 mapping.set_size(0);
                 st.drop_live_blocks(ino, 0);
@@ -1570,6 +1607,7 @@ impl Volume {
         st.check_writable()?;
         let ino = self.vol.resolve(&st, path, true)?;
         let now = self.vol.now();
+        let wall = st.wall_offset_ns;
         {
             let i = st
                 .meta
@@ -1591,7 +1629,7 @@ impl Volume {
             if let Some(t) = a.mtime_ns {
                 i.mtime_ns = t;
             }
-            i.ctime_ns = now;
+            i.ctime_ns = now + wall;
         }
         st.txn_inodes.insert(ino);
         // Mode and ownership are not "just timestamps": fdatasync must not skip them.
@@ -1753,6 +1791,21 @@ impl File {
         Ok(self.mapping.write_at(off, data)?)
     }
 
+    /// write_at at exactly `off`, even for a file opened to append (fallocate's
+    /// zeroing).
+    pub(super) fn write_at_raw(&self, off: u64, data: &[u8]) -> FsResult<usize> {
+        self.usable()?;
+        if !self.write {
+            return Err(FsError::BadFd("not open for writing".into()));
+        }
+        Ok(self.mapping.write_at(off, data)?)
+    }
+
+    /// Free blocks not reserved by delayed allocation (fallocate's space check).
+    pub(super) fn volume_available_blocks(&self) -> u64 {
+        self.vol.st.lock().meta.alloc.statfs().2
+    }
+
     pub fn size(&self) -> u64 {
         self.mapping.size()
     }
@@ -1815,6 +1868,30 @@ impl File {
         let e = self.vol.sb_err.check_and_advance(&mut self.sb_since.lock());
         r?;
         errno_result(e)
+    }
+
+    /// What close(2) of one descriptor does when others stay open (FUSE's FLUSH):
+    /// auto_da_alloc's writeback of a file truncated to zero starts now rather than
+    /// at the last close.
+    pub fn flush_on_close(&self) -> FsResult<()> {
+        self.usable()?;
+        let kick = {
+            let mut st = self.vol.st.lock();
+            st.live
+                .get_mut(&self.ino)
+                .is_some_and(|l| std::mem::take(&mut l.da_alloc_close))
+                && self.vol.flush_on_close.load(Ordering::Relaxed)
+        };
+        if kick {
+            self.vol.queue_flush(super::flush::FlushReq {
+                ino: self.ino,
+                mapping: self.mapping.clone(),
+                since: None,
+                state: None,
+                resolve: true,
+            });
+        }
+        Ok(())
     }
 
     /// close(2). Dropping the file does the same, ignoring errors.

@@ -74,6 +74,8 @@ struct LruEntry {
 /// Global page cache state, shared by every device.
 pub struct PageCache {
     pub cfg: CacheConfig,
+    /// The readahead limit in force (read_ahead_kb / 4; settable at run time).
+    ra_max_pages: AtomicU64,
     nr_pages: AtomicU64,
     nr_dirty: AtomicU64,
     nr_writeback: AtomicU64,
@@ -83,12 +85,19 @@ pub struct PageCache {
 impl PageCache {
     pub fn new(cfg: CacheConfig) -> Arc<PageCache> {
         Arc::new(PageCache {
+            ra_max_pages: AtomicU64::new(cfg.ra_max_pages),
             cfg,
             nr_pages: AtomicU64::new(0),
             nr_dirty: AtomicU64::new(0),
             nr_writeback: AtomicU64::new(0),
             lru: Mutex::new(VecDeque::new()),
         })
+    }
+    pub fn ra_max_pages(&self) -> u64 {
+        self.ra_max_pages.load(Ordering::Relaxed)
+    }
+    pub fn set_ra_max_pages(&self, pages: u64) {
+        self.ra_max_pages.store(pages, Ordering::Relaxed);
     }
     pub fn capacity_pages(&self) -> u64 {
         (self.cfg.cache_size / PAGE_SIZE as u64).max(16)
@@ -450,7 +459,7 @@ impl Mapping {
                 .is_some_and(|p| p.uptodate || p.reading);
             let eof_pages = size.div_ceil(PAGE_SIZE as u64);
             // ra_max_pages 0 (read_ahead_kb=0) still reads the page asked for.
-            let max = self.cache().cfg.ra_max_pages.max(1);
+            let max = self.cache().ra_max_pages().max(1);
             if !present {
                 // page_cache_sync_ra: a sequential miss grows the window, any other
                 // starts small. The next window starts when the reader leaves this

@@ -1,0 +1,663 @@
+//! Namespace and attribute operations by inode number, as the VFS calls a filesystem
+//! (and so as the FUSE front end does): every one takes the caller's credentials and
+//! asks `fs::perm` before changing anything. The path-based API of `volume.rs` is the
+//! library's own and runs as root.
+
+use super::error::{FsError, FsResult};
+use super::format::{InodeKind, Record, XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use super::perm::{self, Cred, MAY_EXEC, MAY_READ, MAY_WRITE};
+use super::volume::{DirEntry, File, OpenOptions, Stat, Volume};
+
+/// ext4's EXT4_LINK_MAX.
+pub const LINK_MAX: u32 = 65000;
+/// Bytes of extended attributes one inode may hold (names and values).
+pub const XATTR_INODE_MAX: usize = 64 * 1024;
+
+/// renameat2's flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// RENAME_NOREPLACE: fail with EEXIST if the target exists.
+    pub noreplace: bool,
+    /// RENAME_EXCHANGE: swap the two names atomically; both must exist.
+    pub exchange: bool,
+}
+
+/// A timestamp setattr may set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeSet {
+    Now,
+    At(u64),
+}
+
+/// What setattr changes (None = leave as is).
+#[derive(Clone, Debug, Default)]
+pub struct SetAttrIno {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    /// The size change comes through a file opened for writing (ftruncate): its
+    /// permission was checked at open.
+    pub size_by_open_file: bool,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+}
+
+/// setxattr's flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XattrMode {
+    /// Create or replace.
+    Any,
+    /// XATTR_CREATE: fail with EEXIST if it exists.
+    Create,
+    /// XATTR_REPLACE: fail with ENODATA if it does not.
+    Replace,
+}
+
+fn name_str(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+impl Volume {
+    /// getattr.
+    pub fn getattr(&self, ino: u64) -> FsResult<Stat> {
+        self.stat_ino(ino)
+    }
+
+    /// lookup: `name` in directory `dir`, which the caller must be able to search.
+    pub fn lookup_as(&self, c: &Cred, dir: u64, name: &[u8]) -> FsResult<Stat> {
+        if name.len() > super::meta::NAME_MAX {
+            super::volume::check_name(name)?;
+        }
+        let st = self.vol.st.lock();
+        perm::check(c, st.inode(dir)?, MAY_EXEC, "lookup")?;
+        let ino = st.lookup(dir, name)?;
+        self.vol.stat_of(&st, ino)
+    }
+
+    /// access(2): `mask` of MAY_READ | MAY_WRITE | MAY_EXEC (0 asks existence only).
+    pub fn access_as(&self, c: &Cred, ino: u64, mask: u32) -> FsResult<()> {
+        let st = self.vol.st.lock();
+        let i = st.inode(ino)?;
+        if mask == 0 {
+            return Ok(());
+        }
+        perm::check(c, i, mask, "access")
+    }
+
+    /// mknod and mkdir: a file, directory, FIFO, socket or device node (mode holds the
+    /// type bits and the permissions, umask already applied).
+    pub fn mknod_as(&self, c: &Cred, dir: u64, name: &[u8], mode: u32, rdev: u32) -> FsResult<Stat> {
+        let kind = InodeKind::from_mode(mode)
+            .ok_or_else(|| FsError::Invalid(format!("mknod of file type {:#o}", mode & 0o170000)))?;
+        if kind == InodeKind::Symlink {
+            return Err(FsError::Invalid("mknod cannot make a symlink".into()));
+        }
+        if matches!(kind, InodeKind::CharDev | InodeKind::BlockDev) && !c.is_root() {
+            return Err(FsError::NotPermitted("mknod of a device node".into()));
+        }
+        let rdev = if matches!(kind, InodeKind::CharDev | InodeKind::BlockDev) {
+            rdev
+        } else {
+            0
+        };
+        let mut st = self.vol.st.lock();
+        perm::may_change_dir(c, st.inode(dir)?, "create")?;
+        let owner = perm::new_inode_owner(c, st.inode(dir)?, kind, mode);
+        let ino = self
+            .vol
+            .create_node_as(&mut st, dir, name, kind, owner, None, rdev)?;
+        self.vol.stat_of(&st, ino)
+    }
+
+    pub fn symlink_as(&self, c: &Cred, dir: u64, name: &[u8], target: &[u8]) -> FsResult<Stat> {
+        let mut st = self.vol.st.lock();
+        perm::may_change_dir(c, st.inode(dir)?, "symlink")?;
+        let gid = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::Symlink, 0o777).1;
+        let ino = self.vol.create_node_as(
+            &mut st,
+            dir,
+            name,
+            InodeKind::Symlink,
+            (c.uid, gid, 0o777),
+            Some(target),
+            0,
+        )?;
+        self.vol.stat_of(&st, ino)
+    }
+
+    pub fn readlink_ino(&self, ino: u64) -> FsResult<Vec<u8>> {
+        let st = self.vol.st.lock();
+        let i = st.inode(ino)?;
+        if i.kind != InodeKind::Symlink {
+            return Err(FsError::Invalid(format!("inode {ino} is not a symlink")));
+        }
+        Ok(i.target.clone())
+    }
+
+    /// link: a new name `name` in `dir` for inode `ino`.
+    pub fn link_as(&self, c: &Cred, ino: u64, dir: u64, name: &[u8]) -> FsResult<Stat> {
+        super::volume::check_name(name)?;
+        let mut st = self.vol.st.lock();
+        st.check_writable()?;
+        perm::may_change_dir(c, st.inode(dir)?, "link")?;
+        let i = st.inode(ino)?;
+        if i.is_dir() {
+            return Err(FsError::NotPermitted(
+                "hard links to directories are not allowed".into(),
+            ));
+        }
+        if i.links >= LINK_MAX {
+            return Err(FsError::TooManyLinks(format!("inode {ino}")));
+        }
+        if i.links == 0 {
+            // An open, unlinked file cannot get a name back (no O_TMPFILE here).
+            return Err(FsError::NotFound(format!("inode {ino}")));
+        }
+        if st.lookup(dir, name).is_ok() {
+            return Err(FsError::Exists(name_str(name)));
+        }
+        self.vol.check_meta_room(&st, 64 + name.len() as u64)?;
+        let now = self.vol.now();
+        st.log_link(dir, name, ino, now)?;
+        st.stamp(dir, now, true);
+        st.stamp(ino, now, false);
+        self.vol.stat_of(&st, ino)
+    }
+
+    /// unlink (rmdir when `dir_only`), with the sticky-directory rule.
+    pub fn unlink_as(&self, c: &Cred, dir: u64, name: &[u8], dir_only: bool) -> FsResult<()> {
+        {
+            let st = self.vol.st.lock();
+            let ino = st.lookup(dir, name)?;
+            perm::may_delete(c, st.inode(dir)?, st.inode(ino)?, "unlink")?;
+        }
+        self.vol.unlink_at(dir, name, dir_only)
+    }
+
+    /// renameat2.
+    pub fn rename_as(
+        &self,
+        c: &Cred,
+        od: u64,
+        on: &[u8],
+        nd: u64,
+        nn: &[u8],
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        if flags.noreplace && flags.exchange {
+            return Err(FsError::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
+        }
+        {
+            let st = self.vol.st.lock();
+            let src = st.lookup(od, on)?;
+            let si = st.inode(src)?;
+            perm::may_delete(c, st.inode(od)?, si, "rename")?;
+            let victim = match st.lookup(nd, nn) {
+                Ok(v) => Some(v),
+                Err(FsError::NotFound(_)) => None,
+                Err(e) => return Err(e),
+            };
+            match victim {
+                Some(v) => {
+                    if flags.noreplace {
+                        return Err(FsError::Exists(name_str(nn)));
+                    }
+                    perm::may_delete(c, st.inode(nd)?, st.inode(v)?, "rename")?;
+                    if flags.exchange && od != nd && st.inode(v)?.is_dir() {
+                        perm::check(c, st.inode(v)?, MAY_WRITE, "rename")?;
+                    }
+                }
+                None if flags.exchange => return Err(FsError::NotFound(name_str(nn))),
+                None => perm::may_change_dir(c, st.inode(nd)?, "rename")?,
+            }
+            // A directory changing parent rewrites its "..": write permission on it.
+            if si.is_dir() && od != nd {
+                perm::check(c, si, MAY_WRITE, "rename")?;
+            }
+        }
+        if flags.exchange {
+            self.exchange(od, on, nd, nn)
+        } else {
+            self.vol.rename_at(od, on, nd, nn)
+        }
+    }
+
+    /// RENAME_EXCHANGE: both entries swap inodes in one transaction.
+    fn exchange(&self, od: u64, on: &[u8], nd: u64, nn: &[u8]) -> FsResult<()> {
+        let mut st = self.vol.st.lock();
+        st.check_writable()?;
+        let a = st.lookup(od, on)?;
+        let b = st.lookup(nd, nn)?;
+        if a == b {
+            return Ok(());
+        }
+        // Neither directory may end up inside itself.
+        for (moved, into) in [(a, nd), (b, od)] {
+            if !st.inode(moved)?.is_dir() {
+                continue;
+            }
+            let mut d = into;
+            while d != super::meta::ROOT_INO && d != 0 {
+                if d == moved {
+                    return Err(FsError::Invalid(
+                        "cannot move a directory into itself".into(),
+                    ));
+                }
+                d = st.inode(d)?.parent;
+            }
+        }
+        let now = self.vol.now();
+        st.log_unlink(od, on, a, now)?;
+        st.log_unlink(nd, nn, b, now)?;
+        st.log_link(od, on, b, now)?;
+        st.log_link(nd, nn, a, now)?;
+        for ino in [od, nd] {
+            st.stamp(ino, now, true);
+        }
+        for ino in [a, b] {
+            st.stamp(ino, now, false);
+        }
+        Ok(())
+    }
+
+    /// The entries of directory `ino` (without "." and ".."), in name order. The
+    /// caller needs read permission, as opendir does.
+    pub fn readdir_as(&self, c: &Cred, ino: u64) -> FsResult<Vec<DirEntry>> {
+        let st = self.vol.st.lock();
+        let d = st.inode(ino)?;
+        if !d.is_dir() {
+            return Err(FsError::NotDir(format!("inode {ino}")));
+        }
+        perm::check(c, d, MAY_READ, "readdir")?;
+        Ok(d.entries
+            .iter()
+            .map(|(n, &e)| DirEntry {
+                name: name_str(n),
+                ino: e,
+                kind: st.meta.inodes.get(&e).map_or(InodeKind::File, |i| i.kind),
+            })
+            .collect())
+    }
+
+    /// The raw names of directory `ino`'s entries with their inodes and kinds (names
+    /// need not be UTF-8).
+    pub fn readdir_raw(&self, c: &Cred, ino: u64) -> FsResult<Vec<(Vec<u8>, u64, InodeKind)>> {
+        let st = self.vol.st.lock();
+        let d = st.inode(ino)?;
+        if !d.is_dir() {
+            return Err(FsError::NotDir(format!("inode {ino}")));
+        }
+        perm::check(c, d, MAY_READ, "readdir")?;
+        Ok(d.entries
+            .iter()
+            .map(|(n, &e)| {
+                let kind = st.meta.inodes.get(&e).map_or(InodeKind::File, |i| i.kind);
+                (n.clone(), e, kind)
+            })
+            .collect())
+    }
+
+    /// The parent of directory `ino` (for "..").
+    pub fn parent_of(&self, ino: u64) -> FsResult<u64> {
+        let st = self.vol.st.lock();
+        let i = st.inode(ino)?;
+        Ok(if i.is_dir() {
+            i.parent.max(super::meta::ROOT_INO)
+        } else {
+            ino
+        })
+    }
+
+    /// setattr: chmod, chown, utimensat and truncate, each checked by `fs::perm`.
+    pub fn setattr_as(&self, c: &Cred, ino: u64, a: &SetAttrIno) -> FsResult<Stat> {
+        let now = self.vol.now();
+        if let Some(size) = a.size {
+            let m = {
+                let mut st = self.vol.st.lock();
+                st.check_writable()?;
+                let i = st.inode(ino)?;
+                match i.kind {
+                    InodeKind::Dir => return Err(FsError::IsDir(format!("inode {ino}"))),
+                    InodeKind::File => {}
+                    _ => return Err(FsError::Invalid(format!("truncate of inode {ino}"))),
+                }
+                if !a.size_by_open_file {
+                    perm::check(c, i, MAY_WRITE, "truncate")?;
+                }
+                if let Some(mode) = perm::kill_suid(c, i) {
+                    self.set_mode_locked(&mut st, ino, mode, now)?;
+                }
+                self.vol.mapping(&st, ino)?
+            };
+            if size > i64::MAX as u64 {
+                return Err(FsError::Invalid("size past the largest file size".into()));
+            }
+            self.vol.truncate(ino, &m, size)?;
+        }
+        let mut st = self.vol.st.lock();
+        st.check_writable()?;
+        let mut mode = None;
+        {
+            let i = st.inode(ino)?;
+            if let Some(m) = a.mode {
+                mode = Some(perm::chmod(c, i, m)?);
+            }
+            if a.uid.is_some() || a.gid.is_some() {
+                let mut after = i.clone();
+                if let Some(m) = mode {
+                    after.mode = m;
+                }
+                mode = Some(perm::chown(c, &after, a.uid, a.gid)?);
+            }
+            let explicit = matches!(a.atime, Some(TimeSet::At(_)))
+                || matches!(a.mtime, Some(TimeSet::At(_)));
+            if a.atime.is_some() || a.mtime.is_some() {
+                perm::set_times(c, i, explicit)?;
+            }
+        }
+        let changed = mode.is_some() || a.uid.is_some() || a.gid.is_some();
+        let times = a.atime.is_some() || a.mtime.is_some();
+        if changed || times {
+            let wall = now + st.wall_offset_ns;
+            let resolve = |t: TimeSet| match t {
+                TimeSet::Now => wall,
+                TimeSet::At(ns) => ns,
+            };
+            let i = st
+                .meta
+                .inodes
+                .get_mut(&ino)
+                .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
+            if let Some(m) = mode {
+                i.mode = m;
+            }
+            if let Some(u) = a.uid {
+                i.uid = u;
+            }
+            if let Some(g) = a.gid {
+                i.gid = g;
+            }
+            if let Some(t) = a.atime {
+                i.atime_ns = resolve(t);
+            }
+            if let Some(t) = a.mtime {
+                i.mtime_ns = resolve(t);
+            }
+            i.ctime_ns = wall;
+            st.txn_inodes.insert(ino);
+            // Mode and ownership are not "just timestamps": fdatasync must not skip them.
+            st.touch(&[ino], !changed, now);
+        }
+        self.vol.stat_of(&st, ino)
+    }
+
+    fn set_mode_locked(
+        &self,
+        st: &mut super::volume::State,
+        ino: u64,
+        mode: u32,
+        now: u64,
+    ) -> FsResult<()> {
+        let wall = now + st.wall_offset_ns;
+        let i = st
+            .meta
+            .inodes
+            .get_mut(&ino)
+            .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
+        i.mode = mode;
+        i.ctime_ns = wall;
+        st.txn_inodes.insert(ino);
+        st.touch(&[ino], false, now);
+        Ok(())
+    }
+
+    /// A write by `c` clears set-user-id (and group-executable set-group-id) unless
+    /// `c` is root, as should_remove_suid does; cheap when there is nothing to clear.
+    pub fn kill_suid_as(&self, c: &Cred, ino: u64) -> FsResult<()> {
+        if c.is_root() {
+            return Ok(());
+        }
+        let mut st = self.vol.st.lock();
+        if let Some(mode) = perm::kill_suid(c, st.inode(ino)?) {
+            let now = self.vol.now();
+            self.set_mode_locked(&mut st, ino, mode, now)?;
+        }
+        Ok(())
+    }
+
+    /// open of an existing inode, with its access checked.
+    pub fn open_as(&self, c: &Cred, ino: u64, o: &OpenOptions) -> FsResult<File> {
+        {
+            let st = self.vol.st.lock();
+            let i = st.inode(ino)?;
+            let mut mask = 0;
+            if o.read {
+                mask |= MAY_READ;
+            }
+            if o.write || o.truncate {
+                mask |= MAY_WRITE;
+            }
+            perm::check(c, i, mask, "open")?;
+        }
+        self.vol.open_ino(ino, o, false)
+    }
+
+    /// create: a new regular file `name` in `dir`, opened (O_CREAT; with
+    /// `o.exclusive`, an existing name fails with EEXIST).
+    pub fn create_as(
+        &self,
+        c: &Cred,
+        dir: u64,
+        name: &[u8],
+        mode: u32,
+        o: &OpenOptions,
+    ) -> FsResult<(File, Stat)> {
+        let (ino, created) = {
+            let mut st = self.vol.st.lock();
+            match st.lookup(dir, name) {
+                Ok(_) if o.exclusive => return Err(FsError::Exists(name_str(name))),
+                Ok(ino) => (ino, false),
+                Err(FsError::NotFound(_)) => {
+                    perm::may_change_dir(c, st.inode(dir)?, "create")?;
+                    let owner = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::File, mode);
+                    let ino = self.vol.create_node_as(
+                        &mut st,
+                        dir,
+                        name,
+                        InodeKind::File,
+                        owner,
+                        None,
+                        0,
+                    )?;
+                    (ino, true)
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let f = if created {
+            self.vol.open_ino(ino, o, true)?
+        } else {
+            self.open_as(c, ino, o)?
+        };
+        let s = f.stat()?;
+        Ok((f, s))
+    }
+
+    // ---- extended attributes ---------------------------------------------------------
+
+    pub fn getxattr_as(&self, c: &Cred, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
+        let st = self.vol.st.lock();
+        let i = st.inode(ino)?;
+        perm::xattr(c, i, name, false)?;
+        i.xattrs
+            .get(name)
+            .cloned()
+            .ok_or_else(|| FsError::NoData(name_str(name)))
+    }
+
+    /// The names the caller may see (trusted.* only for root).
+    pub fn listxattr_as(&self, c: &Cred, ino: u64) -> FsResult<Vec<Vec<u8>>> {
+        let st = self.vol.st.lock();
+        let i = st.inode(ino)?;
+        Ok(i.xattrs
+            .keys()
+            .filter(|n| c.is_root() || !n.starts_with(b"trusted."))
+            .cloned()
+            .collect())
+    }
+
+    pub fn setxattr_as(
+        &self,
+        c: &Cred,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        how: XattrMode,
+    ) -> FsResult<()> {
+        if name.is_empty() || name.len() > XATTR_NAME_MAX {
+            return Err(FsError::Invalid(format!(
+                "an extended attribute name of {} bytes",
+                name.len()
+            )));
+        }
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(FsError::TooBig(format!(
+                "an extended attribute value of {} bytes",
+                value.len()
+            )));
+        }
+        let mut st = self.vol.st.lock();
+        st.check_writable()?;
+        let i = st.inode(ino)?;
+        perm::xattr(c, i, name, true)?;
+        let old = i.xattrs.get(name);
+        match (how, old) {
+            (XattrMode::Create, Some(_)) => return Err(FsError::Exists(name_str(name))),
+            (XattrMode::Replace, None) => return Err(FsError::NoData(name_str(name))),
+            _ => {}
+        }
+        let used: usize = i
+            .xattrs
+            .iter()
+            .filter(|(n, _)| n.as_slice() != name)
+            .map(|(n, v)| n.len() + v.len())
+            .sum();
+        if used + name.len() + value.len() > XATTR_INODE_MAX {
+            return Err(FsError::NoSpace);
+        }
+        self.vol
+            .check_meta_room(&st, (name.len() + value.len() + 16) as u64)?;
+        let now = self.vol.now();
+        st.log(
+            Record::SetXattr {
+                ino,
+                name: name.to_vec(),
+                value: value.to_vec(),
+            },
+            &[ino],
+            now,
+        )?;
+        st.stamp(ino, now, false);
+        Ok(())
+    }
+
+    pub fn removexattr_as(&self, c: &Cred, ino: u64, name: &[u8]) -> FsResult<()> {
+        let mut st = self.vol.st.lock();
+        st.check_writable()?;
+        let i = st.inode(ino)?;
+        perm::xattr(c, i, name, true)?;
+        if !i.xattrs.contains_key(name) {
+            return Err(FsError::NoData(name_str(name)));
+        }
+        let now = self.vol.now();
+        st.log(
+            Record::RemoveXattr {
+                ino,
+                name: name.to_vec(),
+            },
+            &[ino],
+            now,
+        )?;
+        st.stamp(ino, now, false);
+        Ok(())
+    }
+}
+
+/// fallocate's modes (FALLOC_FL_*).
+pub const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
+pub const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
+pub const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
+
+impl File {
+    /// fallocate. Mode 0 and KEEP_SIZE check that the range's unwritten blocks fit in
+    /// the free space (ENOSPC otherwise) and, for mode 0, extend the size; blocks are
+    /// still allocated at writeback (delayed allocation), so a later write can in
+    /// principle meet ENOSPC if others filled the device meanwhile. PUNCH_HOLE and
+    /// ZERO_RANGE write zeros through the page cache: the range reads as zeros at
+    /// once and after a crash once synced, though its blocks stay allocated.
+    pub fn fallocate(&self, mode: i32, off: u64, len: u64) -> FsResult<()> {
+        let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 {
+            return Err(FsError::NotSupported(format!("fallocate mode {mode:#x}")));
+        }
+        if len == 0 {
+            return Err(FsError::Invalid("fallocate of length 0".into()));
+        }
+        let end = off
+            .checked_add(len)
+            .filter(|e| *e <= i64::MAX as u64)
+            .ok_or_else(|| FsError::TooBig("fallocate past the largest file size".into()))?;
+        let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
+        if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+            if !keep || mode & FALLOC_FL_ZERO_RANGE != 0 {
+                return Err(FsError::NotSupported(
+                    "PUNCH_HOLE needs KEEP_SIZE and excludes ZERO_RANGE".into(),
+                ));
+            }
+            let size = self.size();
+            if off < size {
+                self.write_zeros(off, end.min(size))?;
+            }
+            return Ok(());
+        }
+        if mode & FALLOC_FL_ZERO_RANGE != 0 {
+            let size = self.size();
+            let stop = if keep { end.min(size) } else { end };
+            if off < stop {
+                self.write_zeros(off, stop)?;
+            }
+            return Ok(());
+        }
+        let blocks = len.div_ceil(super::format::BLOCK_SIZE as u64);
+        if blocks > self.volume_available_blocks() {
+            return Err(FsError::NoSpace);
+        }
+        if !keep && end > self.size() {
+            self.set_len(end)?;
+        }
+        Ok(())
+    }
+
+    fn write_zeros(&self, from: u64, to: u64) -> FsResult<()> {
+        const CHUNK: u64 = 1 << 20;
+        let zeros = vec![0u8; CHUNK.min(to - from) as usize];
+        let mut pos = from;
+        while pos < to {
+            let n = (to - pos).min(CHUNK) as usize;
+            self.write_at_raw(pos, &zeros[..n])?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    /// lseek's SEEK_DATA and SEEK_HOLE in their simplest correct form: the whole
+    /// file is data and the only hole is at its end (what lseek(2) allows).
+    pub fn seek_data(&self, off: u64, hole: bool) -> FsResult<u64> {
+        let size = self.size();
+        if off >= size {
+            return Err(FsError::NoSuchOffset);
+        }
+        Ok(if hole { size } else { off })
+    }
+}
