@@ -257,9 +257,10 @@ fn make_tree(root: &Path) {
 /// Contents, metadata and xattrs of a tree, as text to compare.
 fn describe(root: &Path) -> String {
     sh(&format!(
-        r#"cd {} && {{ find . ! -type d -printf '%p %y %m %U %G %s %n %l %TY%Tm%Td%TH%TM\n'; find . -mindepth 1 -type d -printf '%p %y %m %U %G %n %TY%Tm%Td%TH%TM\n'; }} | sort
-        && find . -type f -exec md5sum {{}} + | sort -k2
-        && getfattr -R -d -m user. . 2>/dev/null | grep -v '^$' | sort"#,
+        r#"set -e; cd {}
+        {{ find . ! -type d -printf '%p %y %m %U %G %s %n %l %TY%Tm%Td%TH%TM\n'; find . -mindepth 1 -type d -printf '%p %y %m %U %G %n %TY%Tm%Td%TH%TM\n'; }} | sort
+        find . -type f -exec md5sum {{}} + | sort -k2
+        getfattr -R -d -m user. . 2>/dev/null | grep -v '^$' | sort"#,
         root.display()
     ))
 }

@@ -531,6 +531,9 @@ impl Volume {
         st.check_writable()?;
         let i = st.inode(ino)?;
         perm::xattr(c, i, name, true)?;
+        if name == b"system.posix_acl_access" {
+            return self.set_access_acl(&mut st, c, ino, value);
+        }
         let old = i.xattrs.get(name);
         match (how, old) {
             (XattrMode::Create, Some(_)) => return Err(FsError::Exists(name_str(name))),
@@ -560,6 +563,66 @@ impl Volume {
         )?;
         st.stamp(ino, now, false);
         Ok(())
+    }
+
+    /// An access ACL sets the mode's permission bits (posix_acl_equiv_mode,
+    /// posix_acl_update_mode): one with only the owner, group and other entries is
+    /// exactly a mode and is not kept; a richer one is kept, its mask (or group
+    /// entry) giving the group bits. Enforcing named entries is left to the kernel
+    /// (default_permissions); inheriting a default ACL is not done.
+    fn set_access_acl(
+        &self,
+        st: &mut super::volume::State,
+        c: &Cred,
+        ino: u64,
+        value: &[u8],
+    ) -> FsResult<()> {
+        let bad = || FsError::Invalid("malformed POSIX ACL".into());
+        if value.len() < 4 || (value.len() - 4) % 8 != 0 {
+            return Err(bad());
+        }
+        if u32::from_le_bytes(value[..4].try_into().map_err(|_| bad())?) != 2 {
+            return Err(FsError::NotSupported("POSIX ACL version".into()));
+        }
+        let (mut user, mut group, mut mask, mut other) = (None, None, None, None);
+        let mut named = false;
+        for e in value[4..].chunks_exact(8) {
+            let tag = u16::from_le_bytes([e[0], e[1]]);
+            let perm = u32::from(u16::from_le_bytes([e[2], e[3]]) & 7);
+            match tag {
+                0x01 => user = Some(perm),
+                0x04 => group = Some(perm),
+                0x10 => mask = Some(perm),
+                0x20 => other = Some(perm),
+                0x02 | 0x08 => named = true,
+                _ => return Err(bad()),
+            }
+        }
+        let (Some(u), Some(g), Some(o)) = (user, group, other) else {
+            return Err(bad());
+        };
+        if named && mask.is_none() {
+            return Err(bad());
+        }
+        let i = st.inode(ino)?;
+        let bits = (u << 6) | (mask.unwrap_or(g) << 3) | o;
+        let mode = perm::chmod(c, i, (i.mode & !0o777) | bits)?;
+        let now = self.vol.now();
+        let key = b"system.posix_acl_access".to_vec();
+        if named {
+            st.log(
+                Record::SetXattr {
+                    ino,
+                    name: key,
+                    value: value.to_vec(),
+                },
+                &[ino],
+                now,
+            )?;
+        } else if i.xattrs.contains_key(&key) {
+            st.log(Record::RemoveXattr { ino, name: key }, &[ino], now)?;
+        }
+        self.set_mode_locked(st, ino, mode, now)
     }
 
     pub fn removexattr_as(&self, c: &Cred, ino: u64, name: &[u8]) -> FsResult<()> {
