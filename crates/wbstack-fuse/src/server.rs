@@ -405,17 +405,8 @@ impl fuser::Filesystem for WbFs {
         reply: ReplyEntry,
     ) {
         self.counters.count(Op::mknod);
-        if reserved(parent, name) || ctl::is_ctl(parent.0) {
-            return reply.error(Errno::EEXIST);
-        }
-        if let Err(e) = self.writable() {
-            return reply.error(e);
-        }
         let mode = (mode & 0o170000) | (mode & 0o7777 & !umask);
-        let r = self
-            .vol()
-            .mknod_as(&cred(req), parent.0, name.as_bytes(), mode, rdev);
-        Self::reply_entry(reply, r)
+        self.make_node(req, parent, name, mode, rdev, reply)
     }
 
     fn mkdir(
@@ -428,17 +419,8 @@ impl fuser::Filesystem for WbFs {
         reply: ReplyEntry,
     ) {
         self.counters.count(Op::mkdir);
-        if reserved(parent, name) || ctl::is_ctl(parent.0) {
-            return reply.error(Errno::EEXIST);
-        }
-        if let Err(e) = self.writable() {
-            return reply.error(e);
-        }
         let mode = 0o040000 | (mode & 0o7777 & !umask);
-        let r = self
-            .vol()
-            .mknod_as(&cred(req), parent.0, name.as_bytes(), mode, 0);
-        Self::reply_entry(reply, r)
+        self.make_node(req, parent, name, mode, 0, reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1013,6 +995,28 @@ impl WbFs {
         f
     }
 
+    /// mknod and mkdir: `mode` carries the file type, the umask already applied.
+    fn make_node(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if reserved(parent, name) || ctl::is_ctl(parent.0) {
+            return reply.error(Errno::EEXIST);
+        }
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
+        let r = self
+            .vol()
+            .mknod_as(&cred(req), parent.0, name.as_bytes(), mode, rdev);
+        Self::reply_entry(reply, r)
+    }
+
     fn remove(&self, req: &Request, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
         if reserved(parent, name) || ctl::is_ctl(parent.0) {
             return reply.error(Errno::EPERM);
@@ -1042,10 +1046,8 @@ impl WbFs {
                 return reply.error(Errno::EACCES);
             }
         }
-        if file == CtlFile::Trace {
-            if self.trace_readers.fetch_add(1, Ordering::AcqRel) == 0 {
-                wbstack::trace::enable(1 << 16);
-            }
+        if file == CtlFile::Trace && self.trace_readers.fetch_add(1, Ordering::AcqRel) == 0 {
+            wbstack::trace::enable(1 << 16);
         }
         let content = match ctl::content(self.vol(), &self.counters, file) {
             Ok(c) => c,

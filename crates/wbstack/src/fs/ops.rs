@@ -6,7 +6,7 @@
 use super::error::{FsError, FsResult};
 use super::format::{InodeKind, Record, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 use super::perm::{self, Cred, MAY_EXEC, MAY_READ, MAY_WRITE};
-use super::volume::{DirEntry, File, OpenOptions, Stat, Volume};
+use super::volume::{File, OpenOptions, Stat, Volume};
 
 /// ext4's EXT4_LINK_MAX.
 pub const LINK_MAX: u32 = 65000;
@@ -261,27 +261,9 @@ impl Volume {
         Ok(())
     }
 
-    /// The entries of directory `ino` (without "." and ".."), in name order. The
-    /// caller needs read permission, as opendir does.
-    pub fn readdir_as(&self, c: &Cred, ino: u64) -> FsResult<Vec<DirEntry>> {
-        let st = self.vol.st.lock();
-        let d = st.inode(ino)?;
-        if !d.is_dir() {
-            return Err(FsError::NotDir(format!("inode {ino}")));
-        }
-        perm::check(c, d, MAY_READ, "readdir")?;
-        Ok(d.entries
-            .iter()
-            .map(|(n, &e)| DirEntry {
-                name: name_str(n),
-                ino: e,
-                kind: st.meta.inodes.get(&e).map_or(InodeKind::File, |i| i.kind),
-            })
-            .collect())
-    }
-
-    /// The raw names of directory `ino`'s entries with their inodes and kinds (names
-    /// need not be UTF-8).
+    /// The names of directory `ino`'s entries (without "." and "..", in name order, not
+    /// necessarily UTF-8) with their inodes and kinds. The caller needs read
+    /// permission, as opendir does.
     pub fn readdir_raw(&self, c: &Cred, ino: u64) -> FsResult<Vec<(Vec<u8>, u64, InodeKind)>> {
         let st = self.vol.st.lock();
         let d = st.inode(ino)?;
@@ -578,7 +560,7 @@ impl Volume {
         value: &[u8],
     ) -> FsResult<()> {
         let bad = || FsError::Invalid("malformed POSIX ACL".into());
-        if value.len() < 4 || (value.len() - 4) % 8 != 0 {
+        if value.len() < 4 || !(value.len() - 4).is_multiple_of(8) {
             return Err(bad());
         }
         if u32::from_le_bytes(value[..4].try_into().map_err(|_| bad())?) != 2 {

@@ -1603,39 +1603,23 @@ impl Volume {
 
     /// chmod / chown / utimes.
     pub fn set_attr(&self, path: &str, a: &SetAttr) -> FsResult<Stat> {
-        let mut st = self.vol.st.lock();
-        st.check_writable()?;
-        let ino = self.vol.resolve(&st, path, true)?;
-        let now = self.vol.now();
-        let wall = st.wall_offset_ns;
-        {
-            let i = st
-                .meta
-                .inodes
-                .get_mut(&ino)
-                .ok_or_else(|| FsError::NotFound(path.to_string()))?;
-            if let Some(m) = a.mode {
-                i.mode = m & 0o7777;
-            }
-            if let Some(u) = a.uid {
-                i.uid = u;
-            }
-            if let Some(g) = a.gid {
-                i.gid = g;
-            }
-            if let Some(t) = a.atime_ns {
-                i.atime_ns = t;
-            }
-            if let Some(t) = a.mtime_ns {
-                i.mtime_ns = t;
-            }
-            i.ctime_ns = now + wall;
-        }
-        st.txn_inodes.insert(ino);
-        // Mode and ownership are not "just timestamps": fdatasync must not skip them.
-        let time_only = a.mode.is_none() && a.uid.is_none() && a.gid.is_none();
-        st.touch(&[ino], time_only, now);
-        self.vol.stat_of(&st, ino)
+        let ino = {
+            let st = self.vol.st.lock();
+            self.vol.resolve(&st, path, true)?
+        };
+        let at = |t: Option<u64>| t.map(super::ops::TimeSet::At);
+        self.setattr_as(
+            &super::perm::Cred::root(),
+            ino,
+            &super::ops::SetAttrIno {
+                mode: a.mode,
+                uid: a.uid,
+                gid: a.gid,
+                atime: at(a.atime_ns),
+                mtime: at(a.mtime_ns),
+                ..Default::default()
+            },
+        )
     }
 
     pub fn open(&self, path: &str, o: &OpenOptions) -> FsResult<File> {
