@@ -985,14 +985,12 @@ fn xattr_reply(reply: ReplyXattr, size: u32, v: &[u8]) {
 }
 
 impl WbFs {
-    fn fopen_flags(o: &OpenOptions) -> FopenFlags {
-        // Reads and writes go to wbstack's cache; a read-only open has nothing for
-        // close to flush.
-        let mut f = FopenFlags::FOPEN_DIRECT_IO;
-        if !o.write {
-            f |= FopenFlags::FOPEN_NOFLUSH;
-        }
-        f
+    fn fopen_flags(_o: &OpenOptions) -> FopenFlags {
+        // Reads and writes go to wbstack's cache (DIRECT_IO). No FLUSH at close(2):
+        // flush-on-close (auto_da_alloc) is ext4's ext4_release_file, at the last
+        // close of the open file, which is FUSE's RELEASE; a FLUSH would only add a
+        // synchronous round trip to every close.
+        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH
     }
 
     /// mknod and mkdir: `mode` carries the file type, the umask already applied.

@@ -13,14 +13,14 @@ fn record() -> impl Strategy<Value = Record> {
     prop_oneof![
         (
             any::<u64>(),
-            1u8..4,
+            1u8..8,
             any::<u32>(),
             any::<u32>(),
             any::<u32>(),
             any::<u64>()
         )
             .prop_map(|(ino, k, mode, uid, gid, t)| {
-                let kind = [InodeKind::File, InodeKind::Dir, InodeKind::Symlink][k as usize - 1];
+                let kind = InodeKind::from_u8(k).unwrap();
                 Record::Create {
                     ino,
                     kind,
@@ -54,6 +54,15 @@ fn record() -> impl Strategy<Value = Record> {
             .prop_map(|(ino, target)| Record::SetTarget { ino, target }),
         any::<u64>().prop_map(|ino| Record::Orphan { ino }),
         any::<u64>().prop_map(|ino| Record::Delete { ino }),
+        (any::<u64>(), any::<u32>()).prop_map(|(ino, rdev)| Record::SetRdev { ino, rdev }),
+        (
+            any::<u64>(),
+            prop::collection::vec(1u8..255, 1..60),
+            prop::collection::vec(any::<u8>(), 0..300)
+        )
+            .prop_map(|(ino, name, value)| Record::SetXattr { ino, name, value }),
+        (any::<u64>(), prop::collection::vec(1u8..255, 1..60))
+            .prop_map(|(ino, name)| Record::RemoveXattr { ino, name }),
     ]
 }
 
@@ -141,10 +150,11 @@ fn errors_say_what_is_wrong() {
         .contains("not a wbstack image"));
     let mut enc = sb.encode();
     enc[8] = 9;
-    assert!(Superblock::decode(&enc)
-        .unwrap_err()
-        .to_string()
-        .contains("version 9 is not supported"));
+    let e = Superblock::decode(&enc).unwrap_err().to_string();
+    assert!(
+        e.contains("version 9 is not supported") && e.contains("a newer wbstack made this image"),
+        "{e}"
+    );
     let mut enc = sb.encode();
     enc[20] ^= 1;
     let e = Superblock::decode(&enc).unwrap_err().to_string();
@@ -214,4 +224,109 @@ fn a_100_tib_layout_is_instant_and_sane() {
     // Journal and two checkpoint slots: about 2.3 GiB of 100 TiB.
     assert!(sb.data_start < 600_000, "{}", sb.data_start);
     assert!(t.elapsed().as_millis() < 100);
+}
+
+mod common;
+
+/// A version 1 image (superblock version 1, a checkpoint image without the v2 extras
+/// section) mounts, keeps its files, and is version 2 on disk afterwards.
+#[test]
+fn a_version_1_image_mounts_and_is_upgraded() {
+    use wbstack::block::BioFlags;
+    use wbstack::buf::IoBuf;
+    use wbstack::fs::{MkfsOptions, Volume};
+    let q = common::queue("sim:ssd,size=64M");
+    let sb = Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
+    // Rewrite what mkfs made as version 1 would have: no extras section (the v2
+    // encoder writes an empty one: a zero count, 8 bytes), superblock version 1.
+    let (start, blocks) = sb.checkpoint[0];
+    let buf = q
+        .read_sync(start * 8, (blocks * 4096) as usize)
+        .unwrap()
+        .as_slice()
+        .to_vec();
+    let mut c = Checkpoint::decode(&buf).unwrap();
+    let n = c.image.len();
+    assert_eq!(&c.image[n - 8..], &[0u8; 8], "an empty extras section");
+    c.image.truncate(n - 8);
+    q.write_sync(start * 8, IoBuf::from_slice(&c.encode()), BioFlags::FUA)
+        .unwrap();
+    let mut old = sb.clone();
+    old.version = 1;
+    for b in SB_BLOCKS {
+        q.write_sync(b * 8, IoBuf::from_slice(&old.encode()), BioFlags::FUA)
+            .unwrap();
+    }
+    let v = Volume::mount(q.clone(), common::quiet()).unwrap();
+    let f = v.create("/kept").unwrap();
+    f.write_at(0, b"v1 data").unwrap();
+    f.close().unwrap();
+    v.unmount().unwrap();
+    let on_disk = Superblock::decode(q.read_sync(0, 4096).unwrap().as_slice()).unwrap();
+    assert_eq!(on_disk.version, FORMAT_VERSION);
+    let v = Volume::mount(q, common::quiet()).unwrap();
+    let mut b = [0u8; 7];
+    v.open("/kept", &Default::default())
+        .unwrap()
+        .read_at(0, &mut b)
+        .unwrap();
+    assert_eq!(&b, b"v1 data");
+    v.unmount().unwrap();
+}
+
+/// What version 2 added survives a checkpoint (unmount, remount) and a crash (journal
+/// replay): device nodes with their numbers, FIFOs, sockets, extended attributes.
+#[test]
+fn device_nodes_and_xattrs_survive_remount_and_crash() {
+    use wbstack::fs::{Cred, InodeKind, Volume, XattrMode};
+    let root = Cred::root();
+    for crash in [false, true] {
+        let q = common::queue("sim:ssd,size=64M");
+        Volume::mkfs(&q, &Default::default()).unwrap();
+        let v = Volume::mount(q.clone(), common::quiet()).unwrap();
+        let dev = v.mknod_as(&root, 1, b"sda", 0o060660, 0x0801).unwrap();
+        let fifo = v.mknod_as(&root, 1, b"fifo", 0o010644, 0).unwrap();
+        let sock = v.mknod_as(&root, 1, b"sock", 0o140755, 0).unwrap();
+        let (f, st) = v
+            .create_as(&root, 1, b"file", 0o644, &wbstack::fs::OpenOptions::create())
+            .unwrap();
+        v.setxattr_as(&root, st.ino, b"user.a", b"1", XattrMode::Create)
+            .unwrap();
+        v.setxattr_as(&root, st.ino, b"user.b", &[7u8; 3000], XattrMode::Any)
+            .unwrap();
+        v.setxattr_as(&root, st.ino, b"user.gone", b"x", XattrMode::Any)
+            .unwrap();
+        v.removexattr_as(&root, st.ino, b"user.gone").unwrap();
+        assert_eq!(
+            v.setxattr_as(&root, st.ino, b"user.a", b"2", XattrMode::Create)
+                .unwrap_err()
+                .errno(),
+            libc::EEXIST
+        );
+        assert_eq!(
+            v.getxattr_as(&root, st.ino, b"user.nope").unwrap_err().errno(),
+            libc::ENODATA
+        );
+        f.fsync().unwrap();
+        f.close().unwrap();
+        let v = if crash {
+            common::sim(&q).power_cut(false);
+            v.crash();
+            common::sim(&q).reboot();
+            Volume::mount(q.clone(), common::quiet()).unwrap()
+        } else {
+            v.unmount().unwrap();
+            Volume::mount(q.clone(), common::quiet()).unwrap()
+        };
+        let s = v.getattr(dev.ino).unwrap();
+        assert_eq!((s.kind, s.rdev, s.mode), (InodeKind::BlockDev, 0x0801, 0o660));
+        assert_eq!(v.getattr(fifo.ino).unwrap().kind, InodeKind::Fifo);
+        assert_eq!(v.getattr(sock.ino).unwrap().kind, InodeKind::Socket);
+        assert_eq!(v.getxattr_as(&root, st.ino, b"user.a").unwrap(), b"1");
+        assert_eq!(v.getxattr_as(&root, st.ino, b"user.b").unwrap(), vec![7u8; 3000]);
+        let names = v.listxattr_as(&root, st.ino).unwrap();
+        assert_eq!(names, vec![b"user.a".to_vec(), b"user.b".to_vec()], "crash={crash}");
+        assert!(v.check().is_empty(), "{:?}", v.check());
+        v.unmount().unwrap();
+    }
 }
