@@ -2,11 +2,13 @@
 //! per run-time knob (`cat` reads it, `echo N >` sets it; a bad value fails the write
 //! with EINVAL and keeps the old one), and read-only files: `diskstats` (the kernel's
 //! line), `stat` (cache, writeback, throttling, wbt, journal and the daemon's request
-//! counters, as `name value` lines like /proc/vmstat), `pid` (the daemon's), and
-//! `trace` (trace events as JSON lines, streaming while it is read). The root's
+//! counters, as `name value` lines like /proc/vmstat), `pid` (the daemon's), `trace`
+//! (trace events as JSON lines, streaming while it is read), and on a simulated device
+//! `faults` (its fault switches: EIO ranges, a dying device, latency spikes). The root's
 //! readdir does not list it, so no workload walks into it.
 
 use crate::counters::Counters;
+use wbstack::dev::sim::SimDevice;
 use wbstack::fs::tunables::TUNABLES;
 use wbstack::fs::Volume;
 
@@ -22,6 +24,8 @@ pub enum CtlFile {
     Stat,
     Pid,
     Trace,
+    /// A simulated device's fault switches (only on a sim device).
+    Faults,
 }
 
 impl CtlFile {
@@ -32,17 +36,24 @@ impl CtlFile {
             CtlFile::Stat => "stat",
             CtlFile::Pid => "pid",
             CtlFile::Trace => "trace",
+            CtlFile::Faults => "faults",
         }
     }
 
     pub fn writable(self) -> bool {
-        matches!(self, CtlFile::Knob(_))
+        matches!(self, CtlFile::Knob(_) | CtlFile::Faults)
     }
 }
 
 /// Every file, in directory order, with its inode number.
 pub fn files() -> Vec<(u64, CtlFile)> {
-    let fixed = [CtlFile::Diskstats, CtlFile::Stat, CtlFile::Pid, CtlFile::Trace];
+    let fixed = [
+        CtlFile::Diskstats,
+        CtlFile::Stat,
+        CtlFile::Pid,
+        CtlFile::Trace,
+        CtlFile::Faults,
+    ];
     TUNABLES
         .iter()
         .map(|k| CtlFile::Knob(k))
@@ -72,6 +83,10 @@ pub fn content(vol: &Volume, counters: &Counters, f: CtlFile) -> Result<Vec<u8>,
         CtlFile::Pid => format!("{}\n", std::process::id()),
         CtlFile::Stat => stat(vol, counters),
         CtlFile::Trace => String::new(),
+        CtlFile::Faults => match sim(vol) {
+            Some(_) => FAULTS_HELP.to_string(),
+            None => "not a simulated device: no fault switches\n".to_string(),
+        },
     }
     .into_bytes())
 }
@@ -109,6 +124,7 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
         ("journal_bytes", j.bytes),
         ("journal_sync_waits", j.sync_waits),
         ("fuse_requests", counters.total()),
+        ("data_start_sector", vol.superblock().data_start * 8),
     ];
     let ops: Vec<(String, u64)> = counters
         .snapshot()
@@ -128,12 +144,69 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
     s
 }
 
-/// Apply a write to a knob file: the first line of `data`, trimmed.
+const FAULTS_HELP: &str = "\
+# write one command per line (sectors of 512 bytes; data starts at stat's data_start_sector):
+#   eio START-END [r|w|rw]   reads and/or writes there fail with EIO (default rw)
+#   eio_after N              every request after the next N fails
+#   spike PROB:DURATION      a request completes DURATION later with probability PROB
+#   clear                    no more faults
+";
+
+fn sim(vol: &Volume) -> Option<&SimDevice> {
+    vol.queue().device().as_any().downcast_ref::<SimDevice>()
+}
+
+/// Apply a write to a knob file (its first line, trimmed) or to `faults` (each
+/// line a command).
 pub fn write(vol: &Volume, f: CtlFile, data: &[u8]) -> Result<(), String> {
-    let CtlFile::Knob(k) = f else {
-        return Err(format!("{} is read-only", f.name()));
-    };
     let text = std::str::from_utf8(data).map_err(|_| "not UTF-8".to_string())?;
-    let value = text.lines().next().unwrap_or("").trim();
-    vol.set_tunable(k, value).map_err(|e| e.to_string())
+    match f {
+        CtlFile::Knob(k) => {
+            let value = text.lines().next().unwrap_or("").trim();
+            vol.set_tunable(k, value).map_err(|e| e.to_string())
+        }
+        CtlFile::Faults => {
+            let dev = sim(vol).ok_or("not a simulated device: no fault switches")?;
+            for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                fault(dev, line)?;
+            }
+            Ok(())
+        }
+        _ => Err(format!("{} is read-only", f.name())),
+    }
+}
+
+fn fault(dev: &SimDevice, line: &str) -> Result<(), String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let bad = || format!("{line:?}: expected eio START-END [r|w|rw], eio_after N, spike PROB:DURATION or clear");
+    match words.as_slice() {
+        ["clear"] => dev.clear_faults(),
+        ["eio", range, rest @ ..] => {
+            let (a, b) = range.split_once('-').ok_or_else(bad)?;
+            let start: u64 = a.parse().map_err(|_| bad())?;
+            let end: u64 = b.parse().map_err(|_| bad())?;
+            if end <= start {
+                return Err(bad());
+            }
+            let (r, w) = match rest {
+                [] | ["rw"] => (true, true),
+                ["r"] => (true, false),
+                ["w"] => (false, true),
+                _ => return Err(bad()),
+            };
+            dev.inject_eio(start..end, r, w);
+        }
+        ["eio_after", n] => dev.eio_after(n.parse().map_err(|_| bad())?),
+        ["spike", spec] => {
+            let (p, d) = spec.split_once(':').ok_or_else(bad)?;
+            let prob: f64 = p.parse().map_err(|_| bad())?;
+            if !(0.0..=1.0).contains(&prob) {
+                return Err(bad());
+            }
+            let ns = wbstack::dev::parse_duration(d).map_err(|e| format!("{line:?}: {e}"))?;
+            dev.latency_spike(prob, ns);
+        }
+        _ => return Err(bad()),
+    }
+    Ok(())
 }

@@ -623,36 +623,19 @@ impl Aops {
 
 impl AddressSpaceOps for Aops {
     fn prepare_write(&self, ino: u64, index: u64, n: u64) -> BlkResult {
-        let vol = self.vol()?;
-        let now = vol.clock.now_ns();
-        let mut st = vol.st.lock();
-        if st.aborted.is_some() {
-            return Err(BlkError::Io);
-        }
-        let Some(i) = st.meta.inodes.get(&ino) else {
-            return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
-        };
-        let mut need = Vec::new();
-        let live = st.live.get(&ino);
-        // Old extents of a file whose truncation is deferred are not its blocks.
-        let old_valid = !live.is_some_and(|l| l.trunc_pending);
-        for p in index..index + n {
-            let has_block = (old_valid && i.lookup_block(p).is_some())
-                || live
-                    .is_some_and(|l| l.delalloc.contains(&p) || l.unjournaled_block(p).is_some());
-            if !has_block {
-                need.push(p);
+        match self.try_prepare_write(ino, index, n) {
+            // ext4_should_retry_alloc: blocks freed by a transaction not yet committed
+            // are space about to come back; commit it and try once more.
+            Err(BlkError::NoSpace) => {
+                let vol = self.vol()?;
+                if vol.st.lock().meta.alloc.deferred_blocks() == 0 {
+                    return Err(BlkError::NoSpace);
+                }
+                vol.commit_now().map_err(|_| BlkError::NoSpace)?;
+                self.try_prepare_write(ino, index, n)
             }
+            r => r,
         }
-        if !need.is_empty() {
-            st.meta
-                .alloc
-                .reserve(need.len() as u64)
-                .map_err(|_| BlkError::NoSpace)?;
-            st.live.entry(ino).or_default().delalloc.extend(need);
-        }
-        st.stamp(ino, now, true);
-        Ok(())
     }
 
     fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError> {
@@ -843,6 +826,41 @@ impl AddressSpaceOps for Aops {
         if let Some(l) = st.live.get_mut(&ino) {
             l.data_gen = Some(gen);
         }
+    }
+}
+
+impl Aops {
+    fn try_prepare_write(&self, ino: u64, index: u64, n: u64) -> BlkResult {
+        let vol = self.vol()?;
+        let now = vol.clock.now_ns();
+        let mut st = vol.st.lock();
+        if st.aborted.is_some() {
+            return Err(BlkError::Io);
+        }
+        let Some(i) = st.meta.inodes.get(&ino) else {
+            return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
+        };
+        let mut need = Vec::new();
+        let live = st.live.get(&ino);
+        // Old extents of a file whose truncation is deferred are not its blocks.
+        let old_valid = !live.is_some_and(|l| l.trunc_pending);
+        for p in index..index + n {
+            let has_block = (old_valid && i.lookup_block(p).is_some())
+                || live
+                    .is_some_and(|l| l.delalloc.contains(&p) || l.unjournaled_block(p).is_some());
+            if !has_block {
+                need.push(p);
+            }
+        }
+        if !need.is_empty() {
+            st.meta
+                .alloc
+                .reserve(need.len() as u64)
+                .map_err(|_| BlkError::NoSpace)?;
+            st.live.entry(ino).or_default().delalloc.extend(need);
+        }
+        st.stamp(ino, now, true);
+        Ok(())
     }
 }
 
