@@ -391,20 +391,43 @@ fn an_empty_commit_leaves_no_gap_in_the_journal() {
     v.unmount().unwrap();
 }
 
+/// Return once the truncation to `size` that thread `t` runs either waits for the
+/// writes of the pages it cuts (the size is the new one, pages are still in flight)
+/// or has gone through.
+fn truncation_waits_or_is_done(
+    m: &wbstack::mm::Mapping,
+    size: u64,
+    t: &std::thread::JoinHandle<()>,
+) {
+    let t0 = std::time::Instant::now();
+    while !(t.is_finished() || (m.size() == size && m.nr_writeback() > 0)) {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the truncation neither waited nor finished"
+        );
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn a_write_truncated_away_in_flight_does_not_bring_the_size_back() {
     let (q, v) = fresh("sim:ssd,size=64M");
-    let f = v.create("/f").unwrap();
+    let f = Arc::new(v.create("/f").unwrap());
+    let m = v.mapping_of("/f").unwrap();
     f.write_at(0, &pattern(1, 16384)).unwrap();
     let h = writeback_held_in_device(&q, &v);
-    f.set_len(0).unwrap(); // the in-flight write is now dead
-    f.write_at(20000, b"x").unwrap(); // the file grows again, sparsely, in the cache
+    // The truncation waits for the write it cuts: it is dead when it completes.
+    let t = {
+        let f = f.clone();
+        std::thread::spawn(move || f.set_len(0).unwrap())
+    };
+    truncation_waits_or_is_done(&m, 0, &t);
     sim(&q).hold(false);
+    t.join().unwrap();
     h.wait().unwrap();
-    // The truncation dropped the pages, so only the device says when the dead write
-    // has completed.
+    f.write_at(20000, b"x").unwrap(); // the file grows again, sparsely, in the cache
     let t0 = std::time::Instant::now();
-    while sim(&q).pending() > 0 {
+    while v.cache().nr_writeback() > 0 || sim(&q).pending() > 0 {
         assert!(
             t0.elapsed().as_secs() < 10,
             "the held write never completed"
@@ -421,5 +444,76 @@ fn a_write_truncated_away_in_flight_does_not_bring_the_size_back() {
     assert_clean(&q);
     let v = Volume::mount(q.clone(), quiet()).unwrap();
     assert_eq!(v.stat("/f").unwrap().size, 0, "the truncation stands");
+    v.unmount().unwrap();
+}
+
+#[test]
+fn a_page_claimed_for_writeback_before_a_truncation_is_not_mapped_after_it() {
+    // Writeback copies a page when it claims it and maps a block for it later, one
+    // bio after another; wbt makes the flusher wait between the two. A truncation in
+    // that gap, then an extension over the same offsets, used to let the old copy be
+    // mapped and journaled inside the new size: stale data in a file that reads as
+    // zeros there (found by crashtest as stale sectors).
+    let (q, v) = fresh("sim:ssd,size=64M");
+    let f = Arc::new(v.create("/f").unwrap());
+    let m = v.mapping_of("/f").unwrap();
+    let pages = 64u64;
+    let end = 2 * pages * 4096;
+    f.write_at(0, &pattern(1, end as usize)).unwrap();
+    f.fsync().unwrap();
+    // Every other page rewritten: one bio each (the blocks are not adjacent), many
+    // more than wbt lets into the device at once.
+    for i in 0..pages {
+        f.write_at((2 * i + 1) * 4096, &pattern(i + 2, 4096))
+            .unwrap();
+    }
+    let h = writeback_held_in_device(&q, &v);
+    // The flusher claims the whole batch first, then maps and submits page by page
+    // until wbt holds it: most pages are claimed and not mapped yet.
+    assert_eq!(m.nr_writeback(), pages as usize);
+    assert!(sim(&q).pending() < pages as usize);
+    let t = {
+        let f = f.clone();
+        std::thread::spawn(move || {
+            f.set_len(4096).unwrap();
+            f.set_len(end).unwrap();
+        })
+    };
+    truncation_waits_or_is_done(&m, 4096, &t);
+    sim(&q).hold(false);
+    t.join().unwrap();
+    h.wait().unwrap();
+    let t0 = std::time::Instant::now();
+    while v.cache().nr_writeback() > 0 || sim(&q).pending() > 0 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the held writes never completed"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(f.size(), end);
+    v.sync().unwrap();
+    sim(&q).power_cut(false);
+    drop(f);
+    v.crash();
+    sim(&q).reboot();
+    assert_clean(&q);
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    let data = read_file(&v, "/f");
+    assert_eq!(data.len() as u64, end);
+    assert_eq!(data[..4096], pattern(1, 4096)[..]);
+    let stale: Vec<usize> = data
+        .chunks(4096)
+        .enumerate()
+        .skip(1)
+        .filter(|(_, c)| c.iter().any(|&b| b != 0))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "pages showing data truncated away: {stale:?}"
+    );
+    let map = v.fiemap("/f").unwrap();
+    assert!(map.iter().all(|&(fb, _, _)| fb == 0), "{map:?}");
     v.unmount().unwrap();
 }

@@ -1340,6 +1340,23 @@ impl Vol {
     }
 
     pub(super) fn truncate(self: &Arc<Self>, ino: u64, mapping: &Arc<Mapping>, size: u64) -> FsResult<()> {
+        self.st.lock().check_writable()?;
+        let old = mapping.size();
+        // A partial last page keeps its head; its tail must read as zeros from now on,
+        // on disk too, so the page is read, cut and written again.
+        let mut head = None;
+        if size < old && !size.is_multiple_of(PAGE) {
+            let start = size / PAGE * PAGE;
+            let mut buf = vec![0u8; (size - start) as usize];
+            mapping.read_at(start, &mut buf)?;
+            head = Some((start, buf));
+        }
+        // Before anything is logged, and without `st` (completions take it): a write of
+        // a page past the new end, claimed before now but not mapped yet, would get a
+        // block after the truncation, as if written after it, and be journaled inside
+        // any later extension (stale data). Its writes done, the truncation below sees
+        // the file as its data on disk left it (the partial last block included).
+        mapping.truncate(size);
         {
             // flush_on_close may have been switched off since a truncation was
             // deferred: a pending one is resolved here either way.
@@ -1353,7 +1370,8 @@ impl Vol {
             }
             let pending = l.trunc_pending;
             if foc && size == 0 && (has_disk || pending) {
-                // Deferred: the old blocks stay until the rewrite is written back.
+                // Deferred: the old blocks stay until the rewrite is written back. Pages
+                // written since the cut above belong before it, not to the rewrite.
                 mapping.set_size(0);
                 st.drop_live_blocks(ino, 0);
                 let l = st.live.get_mut(&ino).expect("just made");
@@ -1372,17 +1390,6 @@ impl Vol {
                 self.resolve_trunc(&mut st, ino)?;
             }
         }
-        let old = mapping.size();
-        // A partial last page keeps its head; its tail must read as zeros from now on,
-        // on disk too, so the page is read, cut and written again.
-        let mut head = None;
-        if size < old && !size.is_multiple_of(PAGE) {
-            let start = size / PAGE * PAGE;
-            let mut buf = vec![0u8; (size - start) as usize];
-            mapping.read_at(start, &mut buf)?;
-            head = Some((start, buf));
-        }
-        mapping.set_size(size);
         let now = self.now();
         let cow = {
             let mut st = self.st.lock();

@@ -602,20 +602,53 @@ impl Mapping {
         self.cv.notify_all();
     }
 
-    /// Change the file size; pages past the new end are dropped (dirty ones too).
+    /// Change the file size; pages past the new end are dropped (dirty ones too), even
+    /// under writeback: their writes still complete. Only for a file whose blocks go
+    /// with it (deletion, eviction); a truncation that keeps the file uses `truncate`.
     pub fn set_size(&self, size: u64) {
         let mut inner = self.inner.lock();
+        self.cut_pages(&mut inner, size, false);
+    }
+
+    /// truncate_setsize and truncate_pagecache: set the size, then drop the pages past
+    /// it once no write of theirs is in flight, waiting for the writes of those pages
+    /// and of the new partial last page. A page claimed for writeback is copied at once
+    /// but mapped to a block later; once this returns, no write of the old content past
+    /// the new end is in flight or yet to be mapped, so a filesystem that logs the
+    /// truncation after it can never map such a write inside a later extension, nor see
+    /// it land in a block the truncation freed. Concurrent writes past the new end are
+    /// ordered before the truncation (their pages are dropped). Must not be called
+    /// holding a lock that write completion takes.
+    pub fn truncate(&self, size: u64) {
+        crate::block::flush_plug();
+        let mut inner = self.inner.lock();
+        // An extension cuts nothing: no old content past the end to wait for.
+        let shrink = size < inner.size;
+        while self.cut_pages(&mut inner, size, true) && shrink {
+            self.cv.wait(&mut inner);
+        }
+    }
+
+    /// Set the size and drop the pages past it, zeroing the tail of a partial last
+    /// page. With `keep_writeback`, pages under writeback stay (cleaned, so not claimed
+    /// again) and the answer is whether a write past the new end, or of the partial
+    /// last page, is still in flight.
+    fn cut_pages(&self, inner: &mut Inner, size: u64, keep_writeback: bool) -> bool {
         let first_gone = size.div_ceil(PAGE_SIZE as u64);
         let gone: Vec<u64> = inner.pages.range(first_gone..).map(|(k, _)| *k).collect();
         for k in gone {
-            let mut p = inner.pages.remove(&k).unwrap();
+            let mut nd = inner.nr_dirty;
+            let p = inner.pages.get_mut(&k).unwrap();
+            self.clear_dirty(p, &mut nd);
+            inner.nr_dirty = nd;
+            if keep_writeback && p.writeback {
+                continue;
+            }
+            let p = inner.pages.remove(&k).unwrap();
             if p.writeback {
                 // Its IO still completes; waiters must not wait for a page gone.
                 inner.nr_wb -= 1;
             }
-            let mut nd = inner.nr_dirty;
-            self.clear_dirty(&mut p, &mut nd);
-            inner.nr_dirty = nd;
             self.cache().nr_pages.fetch_sub(1, Ordering::Relaxed);
         }
         // Zero the tail of a now-partial last page so a later extension reads zeros.
@@ -625,6 +658,10 @@ impl Mapping {
             }
         }
         inner.size = size;
+        inner
+            .pages
+            .range(size / PAGE_SIZE as u64..)
+            .any(|(_, p)| p.writeback)
     }
 
     /// Generic writepages (write_cache_pages): write the selected dirty pages as bios,
