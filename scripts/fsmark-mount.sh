@@ -67,7 +67,7 @@ opts=()
 "$W" mount "$work/wbs.img" "$work/wbs.mnt" "${opts[@]}" >/dev/null
 wbs_stat() { cat "$work/wbs.mnt/.wbstack/diskstats"; }
 run_arm wbstack "$work/wbs.mnt" wbs_stat "${shift_args[@]}"
-grep -E '^fuse_(lookup|create|write|flush|release|getattr|fsync|mkdir|getxattr|open) ' "$work/wbs.mnt/.wbstack/stat" | tr '\n' ' '; echo
+grep -E '^(journal_commits|journal_flushes|fuse_(lookup|create|write|flush|release|getattr|fsync|mkdir|getxattr|open)) ' "$work/wbs.mnt/.wbstack/stat" | tr '\n' ' '; echo
 "$W" umount "$work/wbs.mnt"
 "$W" fsck "$work/wbs.img" >/dev/null && echo "wbstack: fsck clean after umount"
 
