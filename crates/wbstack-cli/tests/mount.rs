@@ -651,7 +651,7 @@ fn eio_reaches_each_descriptor_once_and_a_dead_journal_gives_erofs() {
     let m = Mounted::new("sim:ssd,size=256M", &[]);
     let data_start = stat_field(&m, "data_start_sector");
     let p = m.p("f");
-    let mut fd1 = std::fs::OpenOptions::new().read(true).write(true).create(true).open(&p).unwrap();
+    let mut fd1 = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
     let fd2 = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
     fd1.write_all(&[b'x'; 8192]).unwrap();
     fault(&m, &format!("eio {data_start}-{} w", u64::MAX / 2));
@@ -666,7 +666,7 @@ fn eio_reaches_each_descriptor_once_and_a_dead_journal_gives_erofs() {
     assert_eq!(fsync_errno(&fd1), 0, "the device works again");
     // The journal's area fails: the volume stops taking changes.
     fault(&m, &format!("eio 0-{data_start} w"));
-    let mut g = std::fs::OpenOptions::new().write(true).create(true).open(m.p("g")).unwrap();
+    let mut g = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(m.p("g")).unwrap();
     g.write_all(b"z").unwrap();
     assert_eq!(fsync_errno(&g), libc::EIO);
     let e = std::fs::File::create(m.p("h")).unwrap_err();
