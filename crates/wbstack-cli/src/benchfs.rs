@@ -61,6 +61,8 @@ pub trait BenchFile: Send {
     fn read_at(&mut self, off: u64, buf: &mut [u8]) -> io::Result<usize>;
     /// The file's size in bytes.
     fn size(&mut self) -> io::Result<u64>;
+    /// ftruncate.
+    fn set_len(&mut self, size: u64) -> io::Result<()>;
     fn fsync(&mut self) -> io::Result<()>;
     /// Start a flush of the file (data and metadata, as fsync) without waiting for it:
     /// fs_mark -A's aio_fsync. The file may be closed before the flush is waited on.
@@ -324,6 +326,9 @@ impl BenchFile for DirFile {
     }
     fn size(&mut self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
+    }
+    fn set_len(&mut self, size: u64) -> io::Result<()> {
+        self.file.set_len(size)
     }
     fn fsync(&mut self) -> io::Result<()> {
         self.file.sync_all()

@@ -11,6 +11,7 @@ pub mod lab;
 pub mod mount;
 pub mod labfs;
 pub mod readlat;
+pub mod soak;
 pub mod tardd;
 pub mod util;
 pub mod volfs;

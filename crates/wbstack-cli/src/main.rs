@@ -57,6 +57,35 @@ enum Cmd {
     Ctl(CtlArgs),
     /// iostat -x for a mounted volume, a line per interval.
     Iostat(IostatArgs),
+    /// Mixed load with self-checking contents for a long time: no wrong read, no
+    /// stall, memory bounded (a directory, e.g. a wbstack mount, or a device spec).
+    Soak(SoakArgs),
+}
+
+#[derive(Args)]
+struct SoakArgs {
+    /// A directory (a wbstack mount or any filesystem) or a device spec.
+    target: String,
+    #[arg(long, default_value_t = 16)]
+    threads: usize,
+    #[arg(long, default_value = "10m", value_parser = duration_arg)]
+    duration: Duration,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// An operation longer than this fails the run, naming it.
+    #[arg(long, default_value = "30s", value_parser = duration_arg)]
+    stall: Duration,
+    /// Memory allowed above the page cache's size.
+    #[arg(long, default_value = "512M", value_parser = size_arg)]
+    rss_slack: u64,
+    /// Mount options for a device spec.
+    #[arg(short = 'o', default_value = "")]
+    options: String,
+    /// Seconds between progress lines.
+    #[arg(long, default_value = "10", value_parser = duration_arg)]
+    interval: Duration,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -728,6 +757,31 @@ fn run(cmd: Cmd) -> ExitCode {
         Cmd::Umount(a) => wbstack_cli::mount::umount(&a.dir).map_err(|e| format!("umount: {e}")),
         Cmd::Ctl(a) => wbstack_cli::mount::ctl::ctl(&a.dir, a.knob.as_deref()).map(|s| print!("{s}")),
         Cmd::Iostat(a) => wbstack_cli::mount::iostat::run(&a.dir, a.interval, a.count, a.json),
+        Cmd::Soak(a) => {
+            let o = wbstack_cli::soak::SoakOpts {
+                target: a.target,
+                threads: a.threads.max(1),
+                duration: a.duration,
+                seed: a.seed,
+                stall: a.stall,
+                rss_slack_bytes: a.rss_slack,
+                mount_opts: a.options,
+                interval: a.interval,
+                ..Default::default()
+            };
+            match wbstack_cli::soak::run(&o) {
+                Ok(r) => {
+                    if a.json {
+                        println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                    } else {
+                        wbstack_cli::soak::print(&r);
+                    }
+                    let ok = r.failures.is_empty() && r.check_problems.is_empty();
+                    return if ok { ExitCode::SUCCESS } else { ExitCode::from(1) };
+                }
+                Err(e) => Err(e),
+            }
+        }
         Cmd::Lab(a) => run_lab(a),
         Cmd::Bench(BenchCmd::Blk(a)) => run_blk(a),
         Cmd::Bench(BenchCmd::Smallfiles(a)) => {

@@ -144,6 +144,9 @@ impl BenchFile for VolFile {
     fn size(&mut self) -> io::Result<u64> {
         Ok(self.0.size())
     }
+    fn set_len(&mut self, size: u64) -> io::Result<()> {
+        self.0.set_len(size).map_err(io)
+    }
     fn fsync(&mut self) -> io::Result<()> {
         self.0.fsync().map_err(io)
     }

@@ -39,6 +39,9 @@ impl BenchFile for HookFile {
     fn size(&mut self) -> io::Result<u64> {
         self.inner.size()
     }
+    fn set_len(&mut self, size: u64) -> io::Result<()> {
+        self.inner.set_len(size)
+    }
     fn fsync(&mut self) -> io::Result<()> {
         self.inner.fsync()
     }

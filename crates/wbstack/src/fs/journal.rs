@@ -570,6 +570,7 @@ impl Vol {
             // Ordered data (rename over an existing file): the transaction holding the
             // rename waits for the renamed file's data, so it cannot reach the disk
             // first. Writeback of that data was started at the rename.
+            let mut kicked = std::collections::HashSet::new();
             loop {
                 let running = st.running_tid;
                 let ordered = std::mem::take(&mut st.ordered);
@@ -584,8 +585,31 @@ impl Vol {
                 if self.jn.lock().stop {
                     break;
                 }
-                self.ordered_cv
-                    .wait_for(&mut st, std::time::Duration::from_millis(100));
+                let timed_out = self
+                    .ordered_cv
+                    .wait_for(&mut st, std::time::Duration::from_millis(100))
+                    .timed_out();
+                if timed_out {
+                    // As jbd2 submits an ordered inode's data itself: data the rename
+                    // started writing may have been redirtied, truncated and rewritten
+                    // since, with nothing left to write it before kupdate expires it.
+                    let running = st.running_tid;
+                    let waiting: Vec<u64> = st
+                        .ordered
+                        .iter()
+                        .filter(|o| o.tid <= running && !o.satisfied(&st))
+                        .map(|o| o.ino)
+                        .filter(|ino| kicked.insert(*ino))
+                        .collect();
+                    for ino in waiting {
+                        if let Some(m) = self.icache.lock().get(&ino).cloned() {
+                            self.bdi.queue_job(Box::new(move || {
+                                // Errors reach fsync through the mapping's errseq.
+                                let _reported_later = m.write_and_wait_keep_errors(0, u64::MAX);
+                            }));
+                        }
+                    }
+                }
             }
             if st.aborted.is_some() {
                 return;
