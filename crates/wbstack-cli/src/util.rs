@@ -76,6 +76,14 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
             return Ok(Duration::from_secs_f64(secs));
         }
     }
+    // Minutes and hours for long runs (soak): "10m", "2h".
+    for (suffix, secs) in [("min", 60.0), ("m", 60.0), ("h", 3600.0)] {
+        if let Some(n) = s.strip_suffix(suffix).and_then(|n| n.parse::<f64>().ok()) {
+            if n >= 0.0 && n.is_finite() {
+                return Ok(Duration::from_secs_f64(n * secs));
+            }
+        }
+    }
     wbstack::dev::parse_duration(s).map(Duration::from_nanos)
 }
 
@@ -95,5 +103,20 @@ pub fn status_done() {
     use std::io::IsTerminal;
     if std::io::stderr().is_terminal() {
         eprint!("\r{:70}\r", "");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration_arg;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_seconds_units_minutes_and_hours() {
+        assert_eq!(duration_arg("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(duration_arg("150ms").unwrap(), Duration::from_millis(150));
+        assert_eq!(duration_arg("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(duration_arg("2h").unwrap(), Duration::from_secs(7200));
+        assert!(duration_arg("10x").is_err());
     }
 }
