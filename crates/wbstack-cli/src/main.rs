@@ -755,7 +755,9 @@ fn run(cmd: Cmd) -> ExitCode {
         })
         .map_err(|e| format!("mount: {e}")),
         Cmd::Umount(a) => wbstack_cli::mount::umount(&a.dir).map_err(|e| format!("umount: {e}")),
-        Cmd::Ctl(a) => wbstack_cli::mount::ctl::ctl(&a.dir, a.knob.as_deref()).map(|s| print!("{s}")),
+        Cmd::Ctl(a) => {
+            wbstack_cli::mount::ctl::ctl(&a.dir, a.knob.as_deref()).map(|s| print!("{s}"))
+        }
         Cmd::Iostat(a) => wbstack_cli::mount::iostat::run(&a.dir, a.interval, a.count, a.json),
         Cmd::Soak(a) => {
             let o = wbstack_cli::soak::SoakOpts {
@@ -777,7 +779,11 @@ fn run(cmd: Cmd) -> ExitCode {
                         wbstack_cli::soak::print(&r);
                     }
                     let ok = r.failures.is_empty() && r.check_problems.is_empty();
-                    return if ok { ExitCode::SUCCESS } else { ExitCode::from(1) };
+                    return if ok {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    };
                 }
                 Err(e) => Err(e),
             }

@@ -39,7 +39,10 @@ fn need(tool: &str, package: &str) {
         .arg(format!("command -v {tool}"))
         .output()
         .is_ok_and(|o| o.status.success());
-    assert!(found, "{tool} is missing: run scripts/test (it installs {package})");
+    assert!(
+        found,
+        "{tool} is missing: run scripts/test (it installs {package})"
+    );
 }
 
 fn need_root() {
@@ -51,7 +54,10 @@ fn need_root() {
                 .and_then(|u| u.split_whitespace().nth(1).map(str::to_string))
         })
         .unwrap_or_default();
-    assert_eq!(uid, "0", "the mount tests run as root (FUSE mounts, other uids)");
+    assert_eq!(
+        uid, "0",
+        "the mount tests run as root (FUSE mounts, other uids)"
+    );
     need("fusermount3", "fuse3");
 }
 
@@ -107,8 +113,7 @@ impl Drop for Mounted {
 fn image(size: &str) -> (tempfile::TempDir, PathBuf) {
     let d = tempfile::tempdir().expect("tempdir");
     let img = d.path().join("fs.img");
-    ok(Command::new(bin())
-        .args(["mkfs", img.to_str().unwrap(), "--size", size]));
+    ok(Command::new(bin()).args(["mkfs", img.to_str().unwrap(), "--size", size]));
     (d, img)
 }
 
@@ -129,10 +134,16 @@ fn mount_errors_are_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
     let cases: [(Vec<String>, &str); 4] = [
         (
-            vec!["/nonexistent/fs.img".into(), dir.path().to_string_lossy().into()],
+            vec![
+                "/nonexistent/fs.img".into(),
+                dir.path().to_string_lossy().into(),
+            ],
             "no such image",
         ),
-        (vec!["sim:ssd".into(), "/nonexistent/dir".into()], "No such file"),
+        (
+            vec!["sim:ssd".into(), "/nonexistent/dir".into()],
+            "No such file",
+        ),
         (
             vec![
                 "sim:ssd".into(),
@@ -161,7 +172,10 @@ fn mount_errors_are_one_clear_line() {
     }
     // A busy mount point.
     let m = Mounted::new("sim:ssd,size=256M", &[]);
-    let out = run(Command::new(bin()).arg("mount").arg("sim:ssd").arg(m.path()));
+    let out = run(Command::new(bin())
+        .arg("mount")
+        .arg("sim:ssd")
+        .arg(m.path()));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("already a mount point"));
     m.umount();
@@ -182,8 +196,15 @@ fn control_directory_knobs_change_behaviour_and_refuse_bad_values_and_strangers(
     };
     assert_eq!(field(&stat(), "wbt_enabled"), 1, "wbt is on by default");
     sh(&format!("echo 0 > {}/wbt_lat_usec", ctl.display()));
-    assert_eq!(field(&stat(), "wbt_enabled"), 0, "wbt_lat_usec=0 turns wbt off");
-    assert_eq!(sh(&format!("cat {}/wbt_lat_usec", ctl.display())).trim(), "0");
+    assert_eq!(
+        field(&stat(), "wbt_enabled"),
+        0,
+        "wbt_lat_usec=0 turns wbt off"
+    );
+    assert_eq!(
+        sh(&format!("cat {}/wbt_lat_usec", ctl.display())).trim(),
+        "0"
+    );
     // A bad value: EINVAL, the old value kept.
     // bash says which errno a failed echo met (dash only says "I/O error").
     let out = run(Command::new("bash")
@@ -191,7 +212,10 @@ fn control_directory_knobs_change_behaviour_and_refuse_bad_values_and_strangers(
         .arg(format!("echo bogus > {}/dirty_ratio", ctl.display())));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Invalid argument"));
-    assert_eq!(sh(&format!("cat {}/dirty_ratio", ctl.display())).trim(), "20");
+    assert_eq!(
+        sh(&format!("cat {}/dirty_ratio", ctl.display())).trim(),
+        "20"
+    );
     // Another uid: EACCES.
     let out = run(Command::new("bash")
         .arg("-c")
@@ -204,12 +228,18 @@ fn control_directory_knobs_change_behaviour_and_refuse_bad_values_and_strangers(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(sh(&format!("cat {}/dirty_ratio", ctl.display())).trim(), "20");
+    assert_eq!(
+        sh(&format!("cat {}/dirty_ratio", ctl.display())).trim(),
+        "20"
+    );
     // wbstack ctl, by name.
     let set = ok(Command::new(bin()).args(["ctl", m.path().to_str().unwrap(), "dirty_ratio=30"]));
     assert_eq!(set.trim(), "dirty_ratio=30");
     let all = ok(Command::new(bin()).args(["ctl", m.path().to_str().unwrap()]));
-    assert!(all.contains("dirty_ratio=30") && all.contains("wbt_lat_usec=0"), "{all}");
+    assert!(
+        all.contains("dirty_ratio=30") && all.contains("wbt_lat_usec=0"),
+        "{all}"
+    );
     // diskstats: the kernel's 17 fields after major, minor, name.
     let ds = sh(&format!("cat {}/diskstats", ctl.display()));
     assert_eq!(ds.split_whitespace().count(), 20, "{ds}");
@@ -224,7 +254,16 @@ fn control_directory_knobs_change_behaviour_and_refuse_bad_values_and_strangers(
     ]));
     assert_eq!(io.lines().count(), 2, "{io}");
     let v: serde_json::Value = serde_json::from_str(io.lines().next().unwrap()).unwrap();
-    for k in ["r_s", "w_s", "wkb_s", "w_await", "aqu_sz", "util_pct", "dirty_pages", "wbt_step"] {
+    for k in [
+        "r_s",
+        "w_s",
+        "wkb_s",
+        "w_await",
+        "aqu_sz",
+        "util_pct",
+        "dirty_pages",
+        "wbt_step",
+    ] {
         assert!(v.get(k).is_some(), "{k} missing in {v}");
     }
     m.umount();
@@ -294,13 +333,14 @@ fn tar_and_cp_trees_round_trip_through_unmount_fsck_and_remount() {
 }
 
 /// The pjdfstest cases known to fail on the mount, with why: the list only shrinks.
-const KNOWN_FAILURES: &str = include_str!("../../wbstack-fuse/tests/suites/pjdfstest-known-failures.txt");
+const KNOWN_FAILURES: &str =
+    include_str!("../../wbstack-fuse/tests/suites/pjdfstest-known-failures.txt");
 
 #[test]
 fn pjdfstest_passes_on_the_mount_but_for_the_listed_cases() {
     need("pjdfstest", "pjdfstest (cargo install pjdfstest)");
-    let conf = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../wbstack-fuse/tests/suites/pjdfstest.toml");
+    let conf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../wbstack-fuse/tests/suites/pjdfstest.toml");
     let m = Mounted::new("sim:ssd,size=2G", &["allow_other"]);
     let work = tempfile::tempdir().unwrap();
     let out = run(Command::new("pjdfstest")
@@ -309,8 +349,8 @@ fn pjdfstest_passes_on_the_mount_but_for_the_listed_cases() {
         .arg("-p")
         .arg(m.path())
         .current_dir(work.path()));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let summary = text
         .lines()
         .find(|l| l.starts_with("Summary:"))
@@ -327,10 +367,17 @@ fn pjdfstest_passes_on_the_mount_but_for_the_listed_cases() {
         .filter_map(|l| l.split_whitespace().next())
         .collect();
     let new: Vec<&&str> = failed.iter().filter(|f| !known.contains(f)).collect();
-    assert!(new.is_empty(), "pjdfstest failures not in the known list: {new:?}\n{summary}");
+    assert!(
+        new.is_empty(),
+        "pjdfstest failures not in the known list: {new:?}\n{summary}"
+    );
     let passed: u64 = summary
         .split(',')
-        .find_map(|p| p.trim().strip_suffix(" passed").and_then(|n| n.trim().parse().ok()))
+        .find_map(|p| {
+            p.trim()
+                .strip_suffix(" passed")
+                .and_then(|n| n.trim().parse().ok())
+        })
         .unwrap_or(0);
     assert!(passed >= 300, "{summary}");
     m.umount();
@@ -386,12 +433,17 @@ fn sigkill_of_the_daemon_loses_nothing_fsynced() {
     let start = Instant::now();
     loop {
         let n: usize = (1..=4)
-            .map(|t| std::fs::read_to_string(m.p(&format!("log{t}"))).map_or(0, |s| s.lines().count()))
+            .map(|t| {
+                std::fs::read_to_string(m.p(&format!("log{t}"))).map_or(0, |s| s.lines().count())
+            })
             .sum();
         if n >= 40 {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "the writers made no progress");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the writers made no progress"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let r = unsafe_free_kill(pid);
@@ -409,9 +461,14 @@ fn sigkill_of_the_daemon_loses_nothing_fsynced() {
         let lines: Vec<&str> = log.lines().collect();
         // The last line may be torn (written, not yet fsynced): check all whole ones.
         for l in lines.iter().filter(|l| l.len() > 34) {
-            let Some((sum, name)) = l.split_once("  ") else { continue };
+            let Some((sum, name)) = l.split_once("  ") else {
+                continue;
+            };
             let got = sh(&format!("cd {} && md5sum '{}'", m.path().display(), name));
-            assert!(got.starts_with(sum), "{name}: fsynced, then lost or changed: {got}");
+            assert!(
+                got.starts_with(sum),
+                "{name}: fsynced, then lost or changed: {got}"
+            );
             promised += 1;
         }
     }
@@ -523,7 +580,12 @@ fn random_operations_with_o_direct_match_a_model_across_a_remount() {
                 } else {
                     std::fs::read(&path).unwrap()
                 };
-                assert!(got == *cur, "seed {seed} op {op}: f{i} differs from the model ({} vs {} bytes)", got.len(), cur.len());
+                assert!(
+                    got == *cur,
+                    "seed {seed} op {op}: f{i} differs from the model ({} vs {} bytes)",
+                    got.len(),
+                    cur.len()
+                );
             }
         }
     }
@@ -531,7 +593,10 @@ fn random_operations_with_o_direct_match_a_model_across_a_remount() {
     fsck_clean(&img);
     let m = Mounted::new(img.to_str().unwrap(), &[]);
     for (i, want) in model.iter().enumerate() {
-        assert!(std::fs::read(m.p(&format!("f{i}"))).unwrap() == *want, "seed {seed}: f{i} after the last remount");
+        assert!(
+            std::fs::read(m.p(&format!("f{i}"))).unwrap() == *want,
+            "seed {seed}: f{i} after the last remount"
+        );
     }
     m.umount();
 }
@@ -563,17 +628,30 @@ impl AlignedBuf {
 fn sigterm_unmounts_cleanly_with_everything_written() {
     let (_d, img) = image("256M");
     let mut m = Mounted::new(img.to_str().unwrap(), &[]);
-    let pid = sh(&format!("cat {}/.wbstack/pid", m.path().display())).trim().to_string();
-    sh(&format!("head -c 5000000 /dev/zero | tr '\\0' 'w' > {}/unsynced", m.path().display()));
+    let pid = sh(&format!("cat {}/.wbstack/pid", m.path().display()))
+        .trim()
+        .to_string();
+    sh(&format!(
+        "head -c 5000000 /dev/zero | tr '\\0' 'w' > {}/unsynced",
+        m.path().display()
+    ));
     ok(Command::new("kill").args(["-TERM", &pid]));
     let start = Instant::now();
     while Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z")
     {
-        assert!(start.elapsed() < Duration::from_secs(60), "the daemon did not exit on SIGTERM");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the daemon did not exit on SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(!wbstack_fuse_is_mounted(m.path()), "still mounted after SIGTERM");
+    assert!(
+        !wbstack_fuse_is_mounted(m.path()),
+        "still mounted after SIGTERM"
+    );
     m.live = false;
     fsck_clean(&img);
     let m2 = Mounted::new(img.to_str().unwrap(), &[]);
@@ -608,12 +686,18 @@ fn the_trace_file_streams_events_while_the_volume_works() {
     let start = Instant::now();
     let mut i = 0;
     let out = loop {
-        sh(&format!("echo {i} > {0}/f{i} && sync -f {0}/f{i}", m.path().display()));
+        sh(&format!(
+            "echo {i} > {0}/f{i} && sync -f {0}/f{i}",
+            m.path().display()
+        ));
         i += 1;
         if let Ok(Some(_)) = reader.try_wait() {
             break reader.wait_with_output().unwrap();
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "no trace events streamed");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no trace events streamed"
+        );
     };
     let text = String::from_utf8_lossy(&out.stdout);
     let events: Vec<serde_json::Value> = text
@@ -622,7 +706,9 @@ fn the_trace_file_streams_events_while_the_volume_works() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect();
     assert!(!events.is_empty(), "{text}");
-    assert!(events.iter().all(|e| e["event"].is_string() && e["ts_ns"].is_u64()));
+    assert!(events
+        .iter()
+        .all(|e| e["event"].is_string() && e["ts_ns"].is_u64()));
     m.umount();
 }
 
@@ -639,7 +725,10 @@ fn fault(m: &Mounted, cmd: &str) {
 }
 
 fn fsync_errno(f: &std::fs::File) -> i32 {
-    f.sync_all().err().and_then(|e| e.raw_os_error()).unwrap_or(0)
+    f.sync_all()
+        .err()
+        .and_then(|e| e.raw_os_error())
+        .unwrap_or(0)
 }
 
 /// xfstests generic/441 through the mount: a data write that fails reaches fsync of
@@ -651,8 +740,18 @@ fn eio_reaches_each_descriptor_once_and_a_dead_journal_gives_erofs() {
     let m = Mounted::new("sim:ssd,size=256M", &[]);
     let data_start = stat_field(&m, "data_start_sector");
     let p = m.p("f");
-    let mut fd1 = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
-    let fd2 = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let mut fd1 = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    let fd2 = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
     fd1.write_all(&[b'x'; 8192]).unwrap();
     fault(&m, &format!("eio {data_start}-{} w", u64::MAX / 2));
     assert_eq!(fsync_errno(&fd1), libc::EIO, "fd1 hears of the error");
@@ -666,13 +765,21 @@ fn eio_reaches_each_descriptor_once_and_a_dead_journal_gives_erofs() {
     assert_eq!(fsync_errno(&fd1), 0, "the device works again");
     // The journal's area fails: the volume stops taking changes.
     fault(&m, &format!("eio 0-{data_start} w"));
-    let mut g = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(m.p("g")).unwrap();
+    let mut g = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("g"))
+        .unwrap();
     g.write_all(b"z").unwrap();
     assert_eq!(fsync_errno(&g), libc::EIO);
     let e = std::fs::File::create(m.p("h")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
     let mut back = Vec::new();
-    std::fs::File::open(&p).unwrap().read_to_end(&mut back).unwrap();
+    std::fs::File::open(&p)
+        .unwrap()
+        .read_to_end(&mut back)
+        .unwrap();
     assert_eq!(back.len(), 12288, "reads still served");
     assert!(back[8192..].iter().all(|&b| b == b'y'));
     drop((fd1, fd2, fd3, g));
@@ -714,11 +821,19 @@ fn enospc_under_parallel_writers_is_clean_and_recoverable() {
         assert_eq!(err, Some(libc::ENOSPC), "each writer ends on ENOSPC");
         all.extend(synced);
     }
-    assert!(all.len() >= 40, "only {} MiB written before ENOSPC", all.len());
+    assert!(
+        all.len() >= 40,
+        "only {} MiB written before ENOSPC",
+        all.len()
+    );
     for p in &all {
         let d = std::fs::read(p).unwrap();
         let t = d[0];
-        assert!(d.len() == 1 << 20 && d.iter().all(|&b| b == t), "{}", p.display());
+        assert!(
+            d.len() == 1 << 20 && d.iter().all(|&b| b == t),
+            "{}",
+            p.display()
+        );
     }
     for p in all.iter().take(10) {
         std::fs::remove_file(p).unwrap();
@@ -754,7 +869,11 @@ fn latency_spikes_do_not_deadlock_the_mount() {
     for w in workers {
         w.join().unwrap();
     }
-    assert!(t0.elapsed() < Duration::from_secs(120), "took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(120),
+        "took {:?}",
+        t0.elapsed()
+    );
     // A bad fault command is refused.
     let e = std::fs::write(m.p(".wbstack/faults"), "spike 2:1ms\n").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
@@ -780,7 +899,11 @@ fn a_two_minute_soak_through_the_mount_is_clean() {
         "--json",
     ]));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
     assert!(v["ops"].as_u64().unwrap() > 10_000, "{v}");
     assert!(v["failures"].as_array().unwrap().is_empty(), "{v}");
@@ -807,7 +930,11 @@ fn a_library_soak_is_clean() {
         "--json",
     ]));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
     assert!(v["failures"].as_array().unwrap().is_empty(), "{v}");
     assert!(v["check_problems"].as_array().unwrap().is_empty(), "{v}");

@@ -72,7 +72,9 @@ pub fn by_ino(ino: u64) -> Option<CtlFile> {
 }
 
 pub fn by_name(name: &[u8]) -> Option<(u64, CtlFile)> {
-    files().into_iter().find(|(_, f)| f.name().as_bytes() == name)
+    files()
+        .into_iter()
+        .find(|(_, f)| f.name().as_bytes() == name)
 }
 
 /// What reading the file shows now (`trace` streams instead; see the front end).
@@ -178,7 +180,11 @@ pub fn write(vol: &Volume, f: CtlFile, data: &[u8]) -> Result<(), String> {
 
 fn fault(dev: &SimDevice, line: &str) -> Result<(), String> {
     let words: Vec<&str> = line.split_whitespace().collect();
-    let bad = || format!("{line:?}: expected eio START-END [r|w|rw], eio_after N, spike PROB:DURATION or clear");
+    let bad = || {
+        format!(
+            "{line:?}: expected eio START-END [r|w|rw], eio_after N, spike PROB:DURATION or clear"
+        )
+    };
     match words.as_slice() {
         ["clear"] => dev.clear_faults(),
         ["eio", range, rest @ ..] => {

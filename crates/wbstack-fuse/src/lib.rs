@@ -53,7 +53,9 @@ impl Default for MountConfig {
 /// thread waits for the disk (fsync goes to the waiter pool), so 2 serve many
 /// programs; a writer paused by dirty throttling does hold one (`threads=N`).
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .max(2)
 }
 
 impl MountConfig {
@@ -86,8 +88,7 @@ impl MountConfig {
 
 /// Everything wrong with DIR as a mount point, as one line.
 pub fn check_mountpoint(dir: &Path) -> Result<PathBuf, String> {
-    let abs = std::fs::canonicalize(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let abs = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let md = std::fs::metadata(&abs).map_err(|e| format!("{}: {e}", abs.display()))?;
     if !md.is_dir() {
         return Err(format!("{}: not a directory", abs.display()));

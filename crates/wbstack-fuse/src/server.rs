@@ -11,10 +11,10 @@ use crate::counters::{Counters, Op};
 use crate::ctl::{self, CtlFile, CTL_DIR_INO, CTL_NAME};
 use crossbeam_channel::{unbounded, Sender};
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags as FuseRenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags as FuseRenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use wbstack::fs::{
-    Cred, File, FsError, FsResult, InodeKind, OpenOptions, RenameFlags, SetAttrIno, Stat,
-    TimeSet, Volume, XattrMode,
+    Cred, File, FsError, FsResult, InodeKind, OpenOptions, RenameFlags, SetAttrIno, Stat, TimeSet,
+    Volume, XattrMode,
 };
 
 /// How long the kernel may trust an entry or attributes: every change goes through
@@ -42,7 +42,10 @@ enum Handle {
     /// A directory listing taken at opendir: offsets index into it, so they stay
     /// valid whatever is created or deleted meanwhile.
     Dir(Vec<(Vec<u8>, u64, FileType)>),
-    Ctl { file: CtlFile, content: Vec<u8> },
+    Ctl {
+        file: CtlFile,
+        content: Vec<u8>,
+    },
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -117,9 +120,11 @@ fn cred(req: &Request) -> Cred {
     let groups = std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Groups:"))
-                .map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                g.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
         })
         .unwrap_or_default();
     Cred::new(uid, gid, groups)
@@ -1071,7 +1076,11 @@ impl WbFs {
                 let events = wbstack::trace::take_up_to(size as usize);
                 if !events.is_empty() || std::time::Instant::now() >= deadline {
                     // An empty read would end `cat`: a keep-alive newline instead.
-                    let out = if events.is_empty() { b"\n".to_vec() } else { events };
+                    let out = if events.is_empty() {
+                        b"\n".to_vec()
+                    } else {
+                        events
+                    };
                     return reply.data(&out);
                 }
                 std::thread::sleep(Duration::from_millis(20));

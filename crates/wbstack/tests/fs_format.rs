@@ -288,7 +288,13 @@ fn device_nodes_and_xattrs_survive_remount_and_crash() {
         let fifo = v.mknod_as(&root, 1, b"fifo", 0o010644, 0).unwrap();
         let sock = v.mknod_as(&root, 1, b"sock", 0o140755, 0).unwrap();
         let (f, st) = v
-            .create_as(&root, 1, b"file", 0o644, &wbstack::fs::OpenOptions::create())
+            .create_as(
+                &root,
+                1,
+                b"file",
+                0o644,
+                &wbstack::fs::OpenOptions::create(),
+            )
             .unwrap();
         v.setxattr_as(&root, st.ino, b"user.a", b"1", XattrMode::Create)
             .unwrap();
@@ -304,7 +310,9 @@ fn device_nodes_and_xattrs_survive_remount_and_crash() {
             libc::EEXIST
         );
         assert_eq!(
-            v.getxattr_as(&root, st.ino, b"user.nope").unwrap_err().errno(),
+            v.getxattr_as(&root, st.ino, b"user.nope")
+                .unwrap_err()
+                .errno(),
             libc::ENODATA
         );
         f.fsync().unwrap();
@@ -319,13 +327,23 @@ fn device_nodes_and_xattrs_survive_remount_and_crash() {
             Volume::mount(q.clone(), common::quiet()).unwrap()
         };
         let s = v.getattr(dev.ino).unwrap();
-        assert_eq!((s.kind, s.rdev, s.mode), (InodeKind::BlockDev, 0x0801, 0o660));
+        assert_eq!(
+            (s.kind, s.rdev, s.mode),
+            (InodeKind::BlockDev, 0x0801, 0o660)
+        );
         assert_eq!(v.getattr(fifo.ino).unwrap().kind, InodeKind::Fifo);
         assert_eq!(v.getattr(sock.ino).unwrap().kind, InodeKind::Socket);
         assert_eq!(v.getxattr_as(&root, st.ino, b"user.a").unwrap(), b"1");
-        assert_eq!(v.getxattr_as(&root, st.ino, b"user.b").unwrap(), vec![7u8; 3000]);
+        assert_eq!(
+            v.getxattr_as(&root, st.ino, b"user.b").unwrap(),
+            vec![7u8; 3000]
+        );
         let names = v.listxattr_as(&root, st.ino).unwrap();
-        assert_eq!(names, vec![b"user.a".to_vec(), b"user.b".to_vec()], "crash={crash}");
+        assert_eq!(
+            names,
+            vec![b"user.a".to_vec(), b"user.b".to_vec()],
+            "crash={crash}"
+        );
         assert!(v.check().is_empty(), "{:?}", v.check());
         v.unmount().unwrap();
     }

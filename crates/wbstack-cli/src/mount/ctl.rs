@@ -29,12 +29,21 @@ pub fn ctl(dir: &Path, arg: Option<&str>) -> Result<String, String> {
             None => read(a),
             Some((k, v)) => {
                 if !base.join(k).exists() {
-                    return Err(read(k).err().unwrap_or_else(|| format!("{k}: no such knob")));
+                    return Err(read(k)
+                        .err()
+                        .unwrap_or_else(|| format!("{k}: no such knob")));
                 }
-                std::fs::write(base.join(k), format!("{v}\n")).map_err(|e| match e.raw_os_error() {
-                    Some(libc::EINVAL) => format!("{k}={v}: invalid value (kept {})", read(k).unwrap_or_default().trim()),
-                    Some(libc::EACCES) => format!("{k}: only the mount's owner and root may set it"),
-                    _ => format!("{k}: {e}"),
+                std::fs::write(base.join(k), format!("{v}\n")).map_err(|e| {
+                    match e.raw_os_error() {
+                        Some(libc::EINVAL) => format!(
+                            "{k}={v}: invalid value (kept {})",
+                            read(k).unwrap_or_default().trim()
+                        ),
+                        Some(libc::EACCES) => {
+                            format!("{k}: only the mount's owner and root may set it")
+                        }
+                        _ => format!("{k}: {e}"),
+                    }
                 })?;
                 Ok(format!("{k}={}\n", read(k)?.trim()))
             }

@@ -113,7 +113,10 @@ pub fn mount(a: &MountArgs) -> Result<(), String> {
         }
         _ => {
             let status = child.wait().ok();
-            let msg = line.trim_end().strip_prefix("ERROR ").unwrap_or(line.trim_end());
+            let msg = line
+                .trim_end()
+                .strip_prefix("ERROR ")
+                .unwrap_or(line.trim_end());
             Err(if n == 0 {
                 format!("the mount daemon exited ({status:?}) without mounting")
             } else {
@@ -224,11 +227,15 @@ pub fn umount(dir: &Path) -> Result<(), String> {
         let mut said = false;
         while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
             if start.elapsed() > Duration::from_secs(2) && !said {
-                eprintln!("wbstack: waiting for the daemon (pid {pid}) to write back and checkpoint...");
+                eprintln!(
+                    "wbstack: waiting for the daemon (pid {pid}) to write back and checkpoint..."
+                );
                 said = true;
             }
             if start.elapsed() > Duration::from_secs(1800) {
-                return Err(format!("the daemon (pid {pid}) is still writing back after 30 minutes"));
+                return Err(format!(
+                    "the daemon (pid {pid}) is still writing back after 30 minutes"
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -238,6 +245,9 @@ pub fn umount(dir: &Path) -> Result<(), String> {
 
 fn is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')))
+        .map(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'))
+        })
         .unwrap_or(true)
 }

@@ -113,7 +113,11 @@ fn rss_bytes(pid: Option<u32>) -> u64 {
         .and_then(|s| {
             s.lines()
                 .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next().and_then(|k| k.parse::<u64>().ok()))
+                .and_then(|v| {
+                    v.split_whitespace()
+                        .next()
+                        .and_then(|k| k.parse::<u64>().ok())
+                })
         })
         .map_or(0, |kib| kib * 1024)
 }

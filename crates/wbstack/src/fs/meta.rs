@@ -98,7 +98,8 @@ impl Inode {
         if self.rdev == 0 && self.xattrs.is_empty() {
             return 0;
         }
-        8 + 4 + 4
+        8 + 4
+            + 4
             + self
                 .xattrs
                 .iter()

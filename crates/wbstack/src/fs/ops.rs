@@ -87,9 +87,17 @@ impl Volume {
 
     /// mknod and mkdir: a file, directory, FIFO, socket or device node (mode holds the
     /// type bits and the permissions, umask already applied).
-    pub fn mknod_as(&self, c: &Cred, dir: u64, name: &[u8], mode: u32, rdev: u32) -> FsResult<Stat> {
-        let kind = InodeKind::from_mode(mode)
-            .ok_or_else(|| FsError::Invalid(format!("mknod of file type {:#o}", mode & 0o170000)))?;
+    pub fn mknod_as(
+        &self,
+        c: &Cred,
+        dir: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+    ) -> FsResult<Stat> {
+        let kind = InodeKind::from_mode(mode).ok_or_else(|| {
+            FsError::Invalid(format!("mknod of file type {:#o}", mode & 0o170000))
+        })?;
         if kind == InodeKind::Symlink {
             return Err(FsError::Invalid("mknod cannot make a symlink".into()));
         }
@@ -186,7 +194,9 @@ impl Volume {
         flags: RenameFlags,
     ) -> FsResult<()> {
         if flags.noreplace && flags.exchange {
-            return Err(FsError::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
+            return Err(FsError::Invalid(
+                "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
+            ));
         }
         {
             let st = self.vol.st.lock();
@@ -332,8 +342,8 @@ impl Volume {
                 }
                 mode = Some(perm::chown(c, &after, a.uid, a.gid)?);
             }
-            let explicit = matches!(a.atime, Some(TimeSet::At(_)))
-                || matches!(a.mtime, Some(TimeSet::At(_)));
+            let explicit =
+                matches!(a.atime, Some(TimeSet::At(_))) || matches!(a.mtime, Some(TimeSet::At(_)));
             if a.atime.is_some() || a.mtime.is_some() {
                 perm::set_times(c, i, explicit)?;
             }

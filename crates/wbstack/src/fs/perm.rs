@@ -133,7 +133,9 @@ pub fn chown(c: &Cred, i: &Inode, uid: Option<u32>, gid: Option<u32>) -> FsResul
     let uid_change = uid.is_some_and(|u| u != i.uid);
     if !c.is_root() {
         if uid_change {
-            return Err(FsError::NotPermitted("chown: only root changes the owner".into()));
+            return Err(FsError::NotPermitted(
+                "chown: only root changes the owner".into(),
+            ));
         }
         if gid.is_some() && (c.uid != i.uid || gid.is_some_and(|g| !c.in_group(g))) {
             return Err(FsError::NotPermitted(
@@ -203,17 +205,25 @@ pub fn xattr(c: &Cred, i: &Inode, name: &[u8], write: bool) -> FsResult<()> {
         return if c.is_root() {
             Ok(())
         } else {
-            Err(FsError::NotPermitted("trusted.* attributes are root's".into()))
+            Err(FsError::NotPermitted(
+                "trusted.* attributes are root's".into(),
+            ))
         };
     }
     if name.starts_with(b"system.posix_acl_") {
         if write && !c.owns(i) {
-            return Err(FsError::NotPermitted("setting an ACL: not the owner".into()));
+            return Err(FsError::NotPermitted(
+                "setting an ACL: not the owner".into(),
+            ));
         }
         return Ok(());
     }
     if name.starts_with(b"security.") {
-        return if write { check(c, i, MAY_WRITE, "xattr") } else { Ok(()) };
+        return if write {
+            check(c, i, MAY_WRITE, "xattr")
+        } else {
+            Ok(())
+        };
     }
     Err(FsError::NotSupported(format!(
         "extended attribute namespace of {:?}",

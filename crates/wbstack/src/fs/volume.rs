@@ -1186,7 +1186,13 @@ impl Vol {
         self.drop_if_unlinked(&mut st, ino)
     }
 
-    pub(super) fn rename_at(self: &Arc<Self>, od: u64, on: &[u8], nd: u64, nn: &[u8]) -> FsResult<()> {
+    pub(super) fn rename_at(
+        self: &Arc<Self>,
+        od: u64,
+        on: &[u8],
+        nd: u64,
+        nn: &[u8],
+    ) -> FsResult<()> {
         let mut st = self.st.lock();
         st.check_writable()?;
         check_name(nn)?;
@@ -1224,7 +1230,8 @@ impl Vol {
             if v == ino {
                 return Ok(()); // same file: rename(2) does nothing
             }
-            if self.flush_on_close.load(Ordering::Relaxed) && st.inode(ino)?.kind == InodeKind::File {
+            if self.flush_on_close.load(Ordering::Relaxed) && st.inode(ino)?.kind == InodeKind::File
+            {
                 // auto_da_alloc: the commit of this rename waits for the data `ino`
                 // has now, and its writeback starts at once.
                 let l = st.live.entry(ino).or_default();
@@ -1271,7 +1278,12 @@ impl Vol {
         Ok(())
     }
 
-    pub(super) fn open_ino(self: &Arc<Self>, ino: u64, o: &OpenOptions, created: bool) -> FsResult<File> {
+    pub(super) fn open_ino(
+        self: &Arc<Self>,
+        ino: u64,
+        o: &OpenOptions,
+        created: bool,
+    ) -> FsResult<File> {
         let mapping = {
             let mut st = self.st.lock();
             let i = st.inode(ino)?;
@@ -1322,7 +1334,8 @@ impl Vol {
         l.open = l.open.saturating_sub(1);
         let last = l.open == 0;
         // auto_da_alloc: closing a file truncated to zero starts its writeback now.
-        let kick = std::mem::take(&mut l.da_alloc_close) && self.flush_on_close.load(Ordering::Relaxed);
+        let kick =
+            std::mem::take(&mut l.da_alloc_close) && self.flush_on_close.load(Ordering::Relaxed);
         if last && st.meta.inodes.get(&ino).is_some_and(|i| i.links == 0) && st.aborted.is_none() {
             return self.delete_inode(&mut st, ino);
         }
@@ -1339,7 +1352,12 @@ impl Vol {
         Ok(())
     }
 
-    pub(super) fn truncate(self: &Arc<Self>, ino: u64, mapping: &Arc<Mapping>, size: u64) -> FsResult<()> {
+    pub(super) fn truncate(
+        self: &Arc<Self>,
+        ino: u64,
+        mapping: &Arc<Mapping>,
+        size: u64,
+    ) -> FsResult<()> {
         self.st.lock().check_writable()?;
         let old = mapping.size();
         // A partial last page keeps its head; its tail must read as zeros from now on,
