@@ -446,7 +446,7 @@ fn sigkill_of_the_daemon_loses_nothing_fsynced() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let r = unsafe_free_kill(pid);
+    let r = kill_9(pid);
     assert!(r, "kill -9 {pid}");
     let _writers = child.wait();
     // The dead mount is detached by umount, and the next mount replays the journal.
@@ -479,7 +479,7 @@ fn sigkill_of_the_daemon_loses_nothing_fsynced() {
     fsck_clean(&img);
 }
 
-fn unsafe_free_kill(pid: i32) -> bool {
+fn kill_9(pid: i32) -> bool {
     Command::new("kill")
         .args(["-9", &pid.to_string()])
         .status()
@@ -649,7 +649,7 @@ fn sigterm_unmounts_cleanly_with_everything_written() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(
-        !wbstack_fuse_is_mounted(m.path()),
+        !wbstack_fuse::is_mountpoint(m.path()),
         "still mounted after SIGTERM"
     );
     m.live = false;
@@ -660,13 +660,6 @@ fn sigterm_unmounts_cleanly_with_everything_written() {
     assert!(data.iter().all(|&b| b == b'w'));
     m2.umount();
     drop(m);
-}
-
-fn wbstack_fuse_is_mounted(dir: &Path) -> bool {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(&*dir.to_string_lossy()))
 }
 
 /// `.wbstack/trace` streams trace events as JSON lines while it is read.

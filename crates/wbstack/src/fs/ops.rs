@@ -244,17 +244,8 @@ impl Volume {
         }
         // Neither directory may end up inside itself.
         for (moved, into) in [(a, nd), (b, od)] {
-            if !st.inode(moved)?.is_dir() {
-                continue;
-            }
-            let mut d = into;
-            while d != super::meta::ROOT_INO && d != 0 {
-                if d == moved {
-                    return Err(FsError::Invalid(
-                        "cannot move a directory into itself".into(),
-                    ));
-                }
-                d = st.inode(d)?.parent;
+            if st.inode(moved)?.is_dir() {
+                st.check_not_into_itself(moved, into)?;
             }
         }
         let now = self.vol.now();

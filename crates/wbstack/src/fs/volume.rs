@@ -420,6 +420,23 @@ impl State {
         Ok(())
     }
 
+    /// A directory `moved` may not go into its own subtree: walk up from `into`.
+    pub(super) fn check_not_into_itself(&self, moved: u64, into: u64) -> FsResult<()> {
+        let mut d = into;
+        while d != 0 {
+            if d == moved {
+                return Err(FsError::Invalid(
+                    "cannot move a directory into itself".into(),
+                ));
+            }
+            if d == ROOT_INO {
+                break;
+            }
+            d = self.inode(d)?.parent;
+        }
+        Ok(())
+    }
+
     /// Log a new directory entry `name` in `dir` for `ino`.
     pub(super) fn log_link(&mut self, dir: u64, name: &[u8], ino: u64, now: u64) -> FsResult<()> {
         let rec = Record::Link {
@@ -1202,22 +1219,7 @@ impl Vol {
         }
         let src_dir = st.inode(ino)?.is_dir();
         if src_dir {
-            // Not into its own subtree: walk up from the new parent.
-            let mut d = nd;
-            loop {
-                if d == ino {
-                    return Err(FsError::Invalid(
-                        "cannot move a directory into itself".into(),
-                    ));
-                }
-                if d == ROOT_INO {
-                    break;
-                }
-                d = st.inode(d)?.parent;
-                if d == 0 {
-                    break;
-                }
-            }
+            st.check_not_into_itself(ino, nd)?;
         }
         let victim = match st.lookup(nd, nn) {
             Ok(v) => Some(v),
