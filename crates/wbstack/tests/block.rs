@@ -688,3 +688,33 @@ mod qos_chain {
         );
     }
 }
+
+#[test]
+fn an_image_loaded_into_a_null_device_reads_back_and_bad_loads_are_refused() {
+    let dev = NullDevice::from_spec(
+        &dev::DeviceSpec::parse("null,memory_backed=1,size=1M,hw_queues=1").unwrap(),
+        RealClock::new(),
+    )
+    .unwrap();
+    let image = pattern(8192, 7);
+    dev.load(16, image.as_slice()).unwrap();
+    assert!(dev.load(2047, &[0u8; 1024]).is_err(), "past the end");
+    assert!(dev.load(0, &[0u8; 100]).is_err(), "not whole sectors");
+    assert!(
+        dev.load(u64::MAX, &[0u8; 512]).is_err(),
+        "overflowing sector"
+    );
+    let q = RequestQueue::new(Arc::new(dev), QueueConfig::default()).unwrap();
+    let w = BioWait::new();
+    q.submit_bio(Bio::read(16, 8192).with_end_io(w.clone()))
+        .unwrap();
+    let (bio, status) = w.wait_one();
+    status.unwrap();
+    assert_eq!(bio.buf.unwrap().as_slice(), image.as_slice());
+    let bare = NullDevice::from_spec(
+        &dev::DeviceSpec::parse("null,size=1M").unwrap(),
+        RealClock::new(),
+    )
+    .unwrap();
+    assert!(bare.load(0, &[0u8; 512]).is_err(), "no store");
+}

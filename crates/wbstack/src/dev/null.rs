@@ -100,6 +100,35 @@ impl NullDevice {
     pub fn pending(&self) -> usize {
         self.timer.pending()
     }
+
+    /// Put `data` on the media at `sector` without a request: how an image from a file
+    /// (a fuzzer's input, a crash state rebuilt from a write log) becomes a device.
+    /// Errors when the device keeps no data (memory_backed=0), when `data` is not whole
+    /// sectors, or when it does not fit.
+    pub fn load(&self, sector: u64, data: &[u8]) -> Result<(), String> {
+        let Some(store) = &self.store else {
+            return Err("the null device keeps no data (memory_backed=0)".into());
+        };
+        if data.len() % 512 != 0 {
+            return Err(format!(
+                "{} bytes is not a whole number of sectors",
+                data.len()
+            ));
+        }
+        let end = sector
+            .checked_add(data.len() as u64 / 512)
+            .filter(|&e| e <= self.geo.nr_sectors())
+            .ok_or_else(|| {
+                format!(
+                    "{} bytes at sector {sector} do not fit a device of {} sectors",
+                    data.len(),
+                    self.geo.nr_sectors()
+                )
+            })?;
+        debug_assert!(end >= sector);
+        store.lock().write(sector, data);
+        Ok(())
+    }
 }
 
 impl Device for NullDevice {
