@@ -109,7 +109,7 @@ impl NullDevice {
         let Some(store) = &self.store else {
             return Err("the null device keeps no data (memory_backed=0)".into());
         };
-        if data.len() % 512 != 0 {
+        if !data.len().is_multiple_of(512) {
             return Err(format!(
                 "{} bytes is not a whole number of sectors",
                 data.len()
