@@ -165,6 +165,17 @@ struct CrashtestArgs {
     /// Journal commit interval in milliseconds.
     #[arg(long, default_value_t = 20)]
     commit_ms: u64,
+    /// Where a failing cut writes its replay file (crash-seed-SEED.replay).
+    #[arg(long, default_value = ".")]
+    save_dir: std::path::PathBuf,
+    /// Rebuild the crash state a replay file holds and check it again (the other
+    /// options are ignored: the file has them).
+    #[arg(long, value_name = "FILE")]
+    replay: Option<std::path::PathBuf>,
+    /// For testing crashtest itself: the device drops PREFLUSH, so commits no longer
+    /// make earlier data durable and cuts must fail.
+    #[arg(long, hide = true)]
+    unsafe_drop_preflush: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -730,6 +741,15 @@ fn run(cmd: Cmd) -> ExitCode {
             Ok(())
         }),
         Cmd::Crashtest(a) => {
+            if let Some(file) = &a.replay {
+                return match wbstack_cli::crashtest::replay_cli(file, a.json) {
+                    Ok(code) => ExitCode::from(code),
+                    Err(e) => {
+                        eprintln!("wbstack crashtest: {e}");
+                        ExitCode::from(2)
+                    }
+                };
+            }
             let o = wbstack_cli::crashtest::CrashOpts {
                 device: a.device,
                 cuts: a.cuts,
@@ -740,6 +760,8 @@ fn run(cmd: Cmd) -> ExitCode {
                 mount_opts: a.options,
                 commit_ms: a.commit_ms,
                 progress: true,
+                save_dir: Some(a.save_dir),
+                drop_preflush: a.unsafe_drop_preflush,
             };
             match wbstack_cli::crashtest::cli(&o, a.json) {
                 Ok(code) => return ExitCode::from(code),

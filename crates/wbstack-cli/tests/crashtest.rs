@@ -17,8 +17,8 @@ use wbstack::fs::{MkfsOptions, MountOptions, OpenOptions, Volume};
 // The checker, fed states with known violations.
 
 use wbstack_cli::crashtest::{
-    check, classify, sector_image, Barrier, CrashOpts, Entry, FsyncRule, Log, Recovered, Sector,
-    Verdict,
+    check, classify, sector_image, Barrier, CrashOpts, Entry, FsyncRule, Log, Recovered,
+    ReplayFile, Sector, Verdict,
 };
 
 const ROOT: u64 = 1;
@@ -471,6 +471,83 @@ fn ten_cuts_pass_with_zeros() {
 }
 
 #[test]
+fn a_broken_ordering_fails_cuts_and_their_replay_files_fail_the_same_way() {
+    // The test-only switch: the device drops PREFLUSH, so a commit no longer makes the
+    // data before it durable and fsynced data is lost at a cut.
+    let dir = tempfile::tempdir().unwrap();
+    let o = CrashOpts {
+        save_dir: Some(dir.path().to_path_buf()),
+        drop_preflush: true,
+        ..small(6, FsyncRule::Inode)
+    };
+    let s = wbstack_cli::crashtest::run(&o).unwrap();
+    assert!(s.failed_cuts > 0, "dropping PREFLUSH must fail some cut");
+    for f in &s.failures {
+        let path = f
+            .replay_file
+            .as_ref()
+            .expect("a failing cut writes a replay file");
+        let file = ReplayFile::load(std::path::Path::new(path)).unwrap();
+        assert_eq!(file.header.seed, f.seed);
+        assert_eq!(file.header.failure, f.reasons());
+        // Twice, to show it does not depend on anything but the file.
+        for _ in 0..2 {
+            let r = file.check().unwrap();
+            assert!(r.failed(), "{path}: the replay passed");
+            assert_eq!(r.reasons(), f.reasons(), "{path}");
+        }
+    }
+    let out = wbstack(&[
+        "crashtest",
+        "--replay",
+        s.failures[0].replay_file.as_ref().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("replayed: FAIL"), "{text}");
+}
+
+#[test]
+fn a_damaged_replay_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.replay");
+    for (bytes, says) in [
+        (b"NOTAREPLAYFILE".to_vec(), "wrong magic"),
+        (b"WBREPLAY".to_vec(), "ends inside the version"),
+        (
+            [
+                &b"WBREPLAY"[..],
+                &1u32.to_le_bytes(),
+                &u64::MAX.to_le_bytes(),
+            ]
+            .concat(),
+            "longer than the file",
+        ),
+        (
+            [
+                &b"WBREPLAY"[..],
+                &1u32.to_le_bytes(),
+                &2u64.to_le_bytes(),
+                b"{}",
+            ]
+            .concat(),
+            "does not parse",
+        ),
+        (
+            [&b"WBREPLAY"[..], &9u32.to_le_bytes()].concat(),
+            "version 9",
+        ),
+    ] {
+        std::fs::write(&path, &bytes).unwrap();
+        let err = ReplayFile::load(&path).err().expect("a damaged file loads");
+        assert!(err.contains(says), "{err}");
+        let out = wbstack(&["crashtest", "--replay", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(says));
+    }
+}
+
+#[test]
 fn cut_plans_are_a_function_of_the_seed() {
     use wbstack_cli::crashtest::CutPlan;
     let a = format!("{:?}", CutPlan::new(5, 3000));
@@ -786,6 +863,8 @@ fn json_has_the_figures_and_the_exit_code_follows_them() {
         "200",
         "--seed",
         "3",
+        "--save-dir",
+        std::env::temp_dir().to_str().unwrap(),
         "--json",
     ]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {

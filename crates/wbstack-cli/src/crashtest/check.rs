@@ -1,7 +1,7 @@
 //! What a crash may and may not do to acknowledged operations: the self-describing
 //! sectors, the operation log, and the pure checker.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 pub const SECTOR: u64 = 512;
@@ -76,7 +76,7 @@ pub fn classify(buf: &[u8]) -> Sector {
 }
 
 /// What an fsync-like call covered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Barrier {
     Fsync(u64),
     Fdatasync(u64),
@@ -95,7 +95,7 @@ impl Barrier {
 /// One entry of the operation log. Only operations that returned Ok are logged, except
 /// writes, which are logged either way (`ok: false`: some of it may have reached the
 /// page cache, so it may show up, but it was never acknowledged).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Entry {
     Create {
         dir: u64,
@@ -252,7 +252,7 @@ pub struct Recovered {
 }
 
 /// What an acknowledged fsync promises about namespace operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FsyncRule {
     /// Every namespace operation anywhere in the volume that completed before the fsync
     /// started: stronger than POSIX or ext4 promise, and than wbstack does.

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use wbstack::block::logwrites::LogWrites;
 use wbstack::block::{QueueConfig, RequestQueue};
 use wbstack::dev::DeviceSpec;
 use wbstack::fs::fsck::fsck;
@@ -49,6 +50,8 @@ pub struct CutReport {
     pub hang: bool,
     pub verdict: Verdict,
     pub seconds: f64,
+    /// Where a failing cut's replay file was written (`--replay FILE` rebuilds it).
+    pub replay_file: Option<String>,
 }
 
 impl CutReport {
@@ -61,7 +64,7 @@ impl CutReport {
             || !self.verdict.clean()
     }
 
-    pub(crate) fn reasons(&self) -> String {
+    pub fn reasons(&self) -> String {
         let mut r = Vec::new();
         let v = &self.verdict;
         if self.hang {
@@ -118,6 +121,11 @@ pub struct CrashOpts {
     pub mount_opts: String,
     pub commit_ms: u64,
     pub progress: bool,
+    /// Where a failing cut writes its replay file (None: nowhere).
+    pub save_dir: Option<std::path::PathBuf>,
+    /// Testing the tool itself: the device ignores PREFLUSH (commits no longer make the
+    /// data before them durable), so cuts fail.
+    pub drop_preflush: bool,
 }
 
 impl Default for CrashOpts {
@@ -132,6 +140,8 @@ impl Default for CrashOpts {
             mount_opts: String::new(),
             commit_ms: 20,
             progress: false,
+            save_dir: None,
+            drop_preflush: false,
         }
     }
 }
@@ -242,8 +252,10 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
     let cfg = QueueConfig::default();
     let dev = wbstack::dev::open(&spec, cfg.clock.clone()).map_err(|e| e.to_string())?;
     let next_op = Arc::new(AtomicU64::new(0));
-    let probe = Arc::new(Probe::new(dev, next_op.clone())?);
-    let q = RequestQueue::new(probe.clone(), cfg).map_err(|e| e.to_string())?;
+    let probe = Arc::new(Probe::new(dev, next_op.clone(), o.drop_preflush)?);
+    // Above the probe: the log sees what the probe passes on, in the order it does.
+    let logw = Arc::new(LogWrites::new(probe.clone()));
+    let q = RequestQueue::new(logw.clone(), cfg).map_err(|e| e.to_string())?;
     let sb = Volume::mkfs(
         &q,
         &MkfsOptions {
@@ -349,8 +361,34 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
     }
     probe.disarm();
     probe.sim().reboot();
+    let image = probe.sim().image();
+    let write_log = logw.take_log();
+    check_recovery(&q, mopts, &log, o.rule, rep);
+    if rep.failed() {
+        if let Some(dir) = &o.save_dir {
+            let file = ReplayFile::new(o, seed, rep, &spec, &log, &write_log, image);
+            match file.save_in(dir) {
+                Ok(path) => rep.replay_file = Some(path.display().to_string()),
+                Err(e) => rep
+                    .unexpected_errors
+                    .push(format!("cannot write the replay file: {e}")),
+            }
+        }
+    }
+    Ok(())
+}
 
-    let before = fsck(&q);
+/// Recovery and its checks on the device behind `q` after a cut: fsck, mount, fsck
+/// of the mounted volume, reading every file back against `log`, unmount, fsck again.
+/// The same for a cut and for its replay.
+pub fn check_recovery(
+    q: &Arc<RequestQueue>,
+    mopts: MountOptions,
+    log: &Log,
+    rule: FsyncRule,
+    rep: &mut CutReport,
+) {
+    let before = fsck(q);
     rep.fsck_notes = before.notes.clone();
     rep.fsck_problems.extend(
         before
@@ -363,14 +401,14 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
         Err(e) => {
             rep.mount_error = Some(e.to_string());
             rep.fsck_errors = rep.fsck_problems.len() as u64;
-            return Ok(());
+            return;
         }
     };
     rep.fsck_problems
         .extend(v.check().into_iter().map(|p| format!("mounted: {p}")));
     match recover(&v) {
         Ok(r) => {
-            rep.verdict = check(&log, &r, o.rule);
+            rep.verdict = check(log, &r, rule);
             if std::env::var_os("CRASHTEST_DEBUG").is_some() && !rep.verdict.clean() {
                 for (i, e) in log.entries.iter().enumerate() {
                     eprintln!("log {i}: {e:?}");
@@ -392,7 +430,7 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
         rep.fsck_problems
             .push(format!("unmount after recovery: {e}"));
     }
-    let after = fsck(&q);
+    let after = fsck(q);
     rep.fsck_problems.extend(
         after
             .problems
@@ -400,5 +438,4 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
             .map(|p| format!("fsck after unmount: {p}")),
     );
     rep.fsck_errors = rep.fsck_problems.len() as u64;
-    Ok(())
 }

@@ -25,11 +25,21 @@
 //! commit racing new records, and writeback racing a truncate only happen with several.
 //! The price is ordering, paid by the log's lock (above).
 //!
-//! Replay: cut i uses seed `--seed + i`. The seed fixes each thread's operations, where
+//! Seeds: cut i uses seed `--seed + i`. The seed fixes each thread's operations, where
 //! the cut is placed, the device's timing model and which sectors a torn cut keeps of a
 //! given set of writes. It does not fix how the threads interleave, nor when the
-//! flusher and the committer run (real time), so a replay hits the same kind of moment,
-//! not always the same one; with `--threads 1` only the background threads vary.
+//! flusher and the committer run (real time), so rerunning a seed hits the same kind of
+//! moment, not always the same one.
+//!
+//! Replay files ([`replay`]): a failing cut writes the device's image after the cut, the
+//! operation log and the device's write log (a log-writes layer sits under the volume)
+//! to `crash-seed-SEED.replay`, and `--replay FILE` rebuilds that image on a memory
+//! device and runs the same checks: the same result every time. Making the workload
+//! itself replay from its seed would take one scheduler stepping every thread of the
+//! stack (TigerBeetle's and FoundationDB's simulators): the flusher, the committer, the
+//! device's completion timer and wbt's window timer would become tasks polled by it on
+//! the injected clock instead of threads sleeping on condition variables, and the
+//! workload's threads would yield to it at each operation.
 //!
 //! `CRASHTEST_DEBUG=1` prints, for every failing cut, the whole operation log, the
 //! recovered tree and fsck's notes on stderr.
@@ -42,11 +52,13 @@ use wbstack::block::QueueConfig;
 mod check;
 mod cut;
 mod probe;
+mod replay;
 mod workload;
 
 pub use check::*;
 pub use cut::*;
 pub use probe::*;
+pub use replay::*;
 pub use workload::*;
 
 /// Cuts by what was inside the device when the power went.
@@ -244,7 +256,10 @@ pub(crate) fn progress_line(r: &CutReport, total: u64) -> String {
         r.journal_commits,
         r.journal_checkpoints,
         if r.failed() {
-            format!("FAIL: {}", r.reasons())
+            match &r.replay_file {
+                Some(f) => format!("FAIL: {} (replay: --replay {f})", r.reasons()),
+                None => format!("FAIL: {}", r.reasons()),
+            }
         } else {
             "ok".into()
         },
@@ -354,12 +369,11 @@ pub fn print_human(s: &Summary) {
     );
     for f in &s.failures {
         println!();
-        println!(
-            "cut {} FAILED (replay: --seed {} --cuts 1): {}",
-            f.cut,
-            f.seed,
-            f.reasons()
-        );
+        let replay = match &f.replay_file {
+            Some(file) => format!("--replay {file} rebuilds its crash state"),
+            None => format!("--seed {} --cuts 1 reruns its schedule", f.seed),
+        };
+        println!("cut {} FAILED ({replay}): {}", f.cut, f.reasons());
         if let Some(p) = f.plan {
             println!(
                 "  placed {:?} at op {} (n={}); landed at op {}: {}",

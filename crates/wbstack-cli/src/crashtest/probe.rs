@@ -3,7 +3,7 @@
 
 use super::*;
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,14 +76,14 @@ pub(crate) struct RqInfo {
 }
 
 /// Requests of one area inside the device at the cut.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct InFlight {
     pub requests: u64,
     pub bytes: u64,
 }
 
 /// What was going on when the power went.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Landing {
     /// Requests inside the device, by area: superblock, journal, checkpoint, data, flush.
     pub in_flight: BTreeMap<String, InFlight>,
@@ -165,15 +165,23 @@ impl ProbeState {
 pub(crate) struct Probe {
     inner: DeviceRef,
     st: Arc<Mutex<ProbeState>>,
+    /// A lying device, for testing crashtest itself: PREFLUSH is dropped from every
+    /// request, so a commit no longer makes the data written before it durable.
+    drop_preflush: bool,
 }
 
 impl Probe {
-    pub(crate) fn new(inner: DeviceRef, ops: Arc<AtomicU64>) -> Result<Probe, String> {
+    pub(crate) fn new(
+        inner: DeviceRef,
+        ops: Arc<AtomicU64>,
+        drop_preflush: bool,
+    ) -> Result<Probe, String> {
         if inner.as_any().downcast_ref::<SimDevice>().is_none() {
             return Err("crashtest needs a simulated device (sim:ssd or sim:hdd)".into());
         }
         Ok(Probe {
             inner,
+            drop_preflush,
             st: Arc::new(Mutex::new(ProbeState {
                 ops,
                 ..ProbeState::default()
@@ -234,7 +242,10 @@ impl Device for Probe {
     fn spec(&self) -> &str {
         self.inner.spec()
     }
-    fn queue_rq(&self, rq: Request, done: &Completer) {
+    fn queue_rq(&self, mut rq: Request, done: &Completer) {
+        if self.drop_preflush {
+            rq.flags = BioFlags(rq.flags.0 & !BioFlags::PREFLUSH.0);
+        }
         let mut fire = false;
         let id = {
             let mut s = self.st.lock();
@@ -337,7 +348,7 @@ mod tests {
     #[test]
     fn a_cut_disarms_a_trigger_that_never_fired() {
         let dev = wbstack::dev::open("sim:ssd,size=64M", QueueConfig::default().clock).unwrap();
-        let probe = Probe::new(dev, Arc::new(AtomicU64::new(0))).unwrap();
+        let probe = Probe::new(dev, Arc::new(AtomicU64::new(0)), false).unwrap();
         let sb = Superblock::layout(16384, 1, 0).unwrap();
         probe.set_layout(&sb);
         // Armed for a checkpoint write that never comes; the run ends with a cut.

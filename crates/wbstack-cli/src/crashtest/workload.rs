@@ -4,14 +4,14 @@ use super::*;
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use wbstack::fs::{File, FsError, FsResult, OpenOptions, Volume};
 
 /// How a cut is placed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Mode {
     /// At operation `at`, arm the device to cut when the `n`-th request from then
     /// enters it, whichever thread (a workload thread, the flusher, the committer)
@@ -32,7 +32,7 @@ pub enum Mode {
     End,
 }
 
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct CutPlan {
     pub mode: Mode,
     pub at: u64,

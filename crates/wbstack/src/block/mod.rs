@@ -3,6 +3,7 @@
 //! throttle them, and diskstats account for them.
 
 pub mod bio;
+pub mod logwrites;
 pub mod plug;
 pub mod qos;
 pub mod queue;

@@ -101,6 +101,17 @@ impl NullDevice {
         self.timer.pending()
     }
 
+    /// Replace the whole media by `image` (shared chunks, no data copy): how a crash
+    /// state built from a write log becomes a device. Errors when the device keeps no
+    /// data.
+    pub fn set_image(&self, image: SparseStore) -> Result<(), String> {
+        let Some(store) = &self.store else {
+            return Err("the null device keeps no data (memory_backed=0)".into());
+        };
+        *store.lock() = image;
+        Ok(())
+    }
+
     /// Put `data` on the media at `sector` without a request: how an image from a file
     /// (a fuzzer's input, a crash state rebuilt from a write log) becomes a device.
     /// Errors when the device keeps no data (memory_backed=0), when `data` is not whole

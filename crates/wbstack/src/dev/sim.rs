@@ -885,6 +885,12 @@ impl SimDevice {
         d.torn_cut = false;
     }
 
+    /// What reads return now, as an image sharing its chunks with the device (no data
+    /// copy): after a power cut and `reboot`, the durable image the cut left.
+    pub fn image(&self) -> SparseStore {
+        self.shared.data.lock().current.clone()
+    }
+
     /// False between a power cut and the reboot.
     pub fn powered(&self) -> bool {
         !self.model.lock().dark

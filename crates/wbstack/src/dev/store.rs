@@ -117,6 +117,11 @@ impl SparseStore {
         }
     }
 
+    /// Every chunk held, in no particular order (unwritten chunks read as zeros).
+    pub fn chunks(&self) -> impl Iterator<Item = (u64, &Chunk)> {
+        self.chunks.iter().map(|(&i, c)| (i, c))
+    }
+
     /// Chunk indices touched by a sector range.
     pub fn chunk_range(sector: u64, nr_sectors: u64) -> std::ops::Range<u64> {
         if nr_sectors == 0 {
