@@ -172,6 +172,28 @@ struct CrashtestArgs {
     /// options are ignored: the file has them).
     #[arg(long, value_name = "FILE")]
     replay: Option<std::path::PathBuf>,
+    /// Instead of power cuts during a random workload: every crash state of the write
+    /// logs of short workloads from the kernel's crash-consistency bug reports
+    /// (CrashMonkey's method; --workload picks some, --seed seeds the sampling).
+    #[arg(long)]
+    states: bool,
+    /// With --states: a workload to run (repeatable; default all): rename-over,
+    /// link-unlink, truncate-write, fsync-dir, fdatasync-extend, fallocate-keep-size,
+    /// punch-hole, mount-ops, random.
+    #[arg(long, requires = "states")]
+    workload: Vec<String>,
+    /// With --states: windows of at most this many writes are checked in every subset.
+    #[arg(long, default_value_t = 8, requires = "states")]
+    exhaustive_up_to: usize,
+    /// With --states: random subsets checked per larger window.
+    #[arg(long, default_value_t = 32, requires = "states")]
+    samples: usize,
+    /// With --states: torn versions of each multi-sector write.
+    #[arg(long, default_value_t = 2, requires = "states")]
+    torn: usize,
+    /// With --states: how many seeds of the random workload run.
+    #[arg(long, default_value_t = 24, requires = "states")]
+    random_seeds: u64,
     /// For testing crashtest itself: the device drops PREFLUSH, so commits no longer
     /// make earlier data durable and cuts must fail.
     #[arg(long, hide = true)]
@@ -743,6 +765,30 @@ fn run(cmd: Cmd) -> ExitCode {
         Cmd::Crashtest(a) => {
             if let Some(file) = &a.replay {
                 return match wbstack_cli::crashtest::replay_cli(file, a.json) {
+                    Ok(code) => ExitCode::from(code),
+                    Err(e) => {
+                        eprintln!("wbstack crashtest: {e}");
+                        ExitCode::from(2)
+                    }
+                };
+            }
+            if a.states {
+                if a.exhaustive_up_to > 20 {
+                    eprintln!("wbstack crashtest: --exhaustive-up-to {}: at most 20 (2^20 states per window)", a.exhaustive_up_to);
+                    return ExitCode::from(2);
+                }
+                let o = wbstack_cli::crashtest::StatesOpts {
+                    workloads: a.workload,
+                    seed: a.seed,
+                    exhaustive_up_to: a.exhaustive_up_to,
+                    samples: a.samples,
+                    torn: a.torn,
+                    random_seeds: a.random_seeds,
+                    rule: a.fsync_rule,
+                    save_dir: Some(a.save_dir),
+                    progress: !a.json,
+                };
+                return match wbstack_cli::crashtest::states_cli(&o, a.json) {
                     Ok(code) => ExitCode::from(code),
                     Err(e) => {
                         eprintln!("wbstack crashtest: {e}");

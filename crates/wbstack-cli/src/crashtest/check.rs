@@ -138,6 +138,14 @@ pub enum Entry {
         start: usize,
         ok: bool,
     },
+    /// `sectors` sectors from sector `sector` overwritten with zeros (a punched hole or
+    /// a zeroed range: the volume writes zeros through the page cache, as data).
+    Zero {
+        ino: u64,
+        sector: u64,
+        sectors: u64,
+        ok: bool,
+    },
     /// An fsync / fdatasync / sync was called; `id` pairs it with its ack.
     BarrierStart {
         id: u64,
@@ -729,6 +737,12 @@ pub(crate) fn judge_file(
                 sectors,
                 ..
             } if *i == ino => nsec = nsec.max(sector + sectors),
+            Entry::Zero {
+                ino: i,
+                sector,
+                sectors,
+                ..
+            } if *i == ino => nsec = nsec.max(sector + sectors),
             Entry::Truncate { ino: i, size } if *i == ino => nsec = nsec.max(size.div_ceil(SECTOR)),
             _ => {}
         }
@@ -766,6 +780,17 @@ pub(crate) fn judge_file(
                 ub = ub.max(end);
                 if *ok {
                     size = size.max(end);
+                }
+            }
+            Entry::Zero {
+                ino: w,
+                sector,
+                sectors,
+                ok,
+            } if *w == ino && !frozen => {
+                // Version 0 is no write's: it stands for the zeros.
+                for s in *sector..sector + sectors {
+                    hist[s as usize].push((0, *ok));
                 }
             }
             Entry::Truncate { ino: t, .. } if *t == ino && frozen => {}
@@ -816,7 +841,10 @@ pub(crate) fn judge_file(
         let need_data = need.is_some_and(|k| k > 0);
         match classify(bytes) {
             Sector::Zero => {
-                if need_data {
+                // Zeros are what a zeroing at or after the required one left, or what
+                // nothing required.
+                let at = hist[s as usize].iter().rposition(|x| x.0 == 0);
+                if need.is_some_and(|k| k > 0 && at.is_none_or(|a| a + 1 < k)) {
                     lost_sectors.push((s, "zeros".to_string()));
                 }
             }

@@ -53,12 +53,14 @@ mod check;
 mod cut;
 mod probe;
 mod replay;
+mod states;
 mod workload;
 
 pub use check::*;
 pub use cut::*;
 pub use probe::*;
 pub use replay::*;
+pub use states::*;
 pub use workload::*;
 
 /// Cuts by what was inside the device when the power went.

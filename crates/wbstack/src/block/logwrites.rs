@@ -43,6 +43,10 @@ pub struct LogEntry {
     pub nr_sectors: u64,
     /// A FUA write: durable when it completed.
     pub fua: bool,
+    /// The log's length when the request was submitted: an entry submitted after a
+    /// FUA write completed (`submitted_at` > that write's index) may depend on it, so
+    /// no crash keeps it without that write.
+    pub submitted_at: usize,
     /// The data of a write (empty for the other kinds).
     pub data: Arc<[u8]>,
 }
@@ -143,6 +147,15 @@ impl WriteLog {
             .unwrap_or(w.next_mark)
     }
 
+    /// Whether a crash can keep `kept` of `w`: not when it keeps a write submitted after
+    /// a FUA write of the window completed but not that FUA write (the crash came before
+    /// the FUA write completed, so the later one was never sent).
+    pub fn possible(&self, w: &Window, kept: &[(usize, Kept)]) -> bool {
+        let cutoff = self.ack_cutoff(w, kept);
+        kept.iter()
+            .all(|(i, _)| self.entries[*i].submitted_at <= cutoff)
+    }
+
     /// The crash state of `w` that kept `kept` of its pending entries (in log order),
     /// built on `prefix`, an image of entries `0..w.prefix_end`.
     pub fn image(&self, prefix: &SparseStore, kept: &[(usize, Kept)]) -> SparseStore {
@@ -216,6 +229,7 @@ fn flush_mark() -> LogEntry {
         sector: 0,
         nr_sectors: 0,
         fua: false,
+        submitted_at: 0,
         data: Arc::from(Vec::new()),
     }
 }
@@ -228,12 +242,21 @@ impl Device for LogWrites {
         self.inner.spec()
     }
     fn queue_rq(&self, rq: Request, done: &Completer) {
-        if rq.op == Op::Flush || rq.flags.contains(BioFlags::PREFLUSH) {
-            self.log.lock().entries.push(flush_mark());
-        }
+        let submitted_at = {
+            let mut log = self.log.lock();
+            if rq.op == Op::Flush || rq.flags.contains(BioFlags::PREFLUSH) {
+                let at = log.entries.len();
+                log.entries.push(LogEntry {
+                    submitted_at: at,
+                    ..flush_mark()
+                });
+            }
+            log.entries.len()
+        };
         let d: Completer = Arc::new(LogDone {
             log: self.log.clone(),
             done: done.clone(),
+            submitted_at,
         });
         self.inner.queue_rq(rq, &d);
     }
@@ -254,6 +277,7 @@ impl Device for LogWrites {
 struct LogDone {
     log: Arc<Mutex<WriteLog>>,
     done: Completer,
+    submitted_at: usize,
 }
 
 impl RqComplete for LogDone {
@@ -271,6 +295,7 @@ impl RqComplete for LogDone {
                         sector: rq.sector,
                         nr_sectors: rq.nr_sectors as u64,
                         fua: rq.flags.contains(BioFlags::FUA),
+                        submitted_at: self.submitted_at,
                         data: Arc::from(data),
                     })
                 }
@@ -279,6 +304,7 @@ impl RqComplete for LogDone {
                     sector: rq.sector,
                     nr_sectors: rq.nr_sectors as u64,
                     fua: false,
+                    submitted_at: self.submitted_at,
                     data: Arc::from(Vec::new()),
                 }),
                 Op::Read | Op::Flush => None,

@@ -158,6 +158,9 @@ impl Vol {
         }
         {
             let mut st = self.st.lock();
+            for r in batch.iter().filter(|r| r.resolve || r.state.is_some()) {
+                self.wait_truncations(&mut st, Some(r.ino));
+            }
             for r in batch.iter().filter(|r| r.resolve) {
                 let _ = self.resolve_trunc(&mut st, r.ino);
             }
@@ -231,6 +234,7 @@ impl Vol {
     /// Resolve every deferred truncation (syncfs and unmount make everything durable).
     pub(super) fn resolve_all(&self) -> FsResult<()> {
         let mut st = self.st.lock();
+        self.wait_truncations(&mut st, None);
         let inos: Vec<u64> = st
             .live
             .iter()

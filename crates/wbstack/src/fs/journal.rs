@@ -396,6 +396,7 @@ impl Volume {
                 inflight: HashMap::new(),
                 aborted: None,
                 ordered: Vec::new(),
+                truncating: HashMap::new(),
                 wall_offset_ns,
             }),
             icache: Mutex::new(HashMap::new()),
@@ -416,6 +417,7 @@ impl Volume {
             sync_since: Mutex::new(0),
             flushq: Mutex::new(Default::default()),
             ordered_cv: Condvar::new(),
+            truncate_cv: Condvar::new(),
         });
         *aops.vol.lock() = Arc::downgrade(&vol);
         let weak = Arc::downgrade(&vol);
@@ -851,7 +853,11 @@ impl Vol {
         let e = mapping.wb_err().check_and_advance(&mut since.lock());
         r?;
         super::volume::errno_result(e)?;
-        self.resolve_trunc(&mut self.st.lock(), ino)?;
+        {
+            let mut st = self.st.lock();
+            self.wait_truncations(&mut st, Some(ino));
+            self.resolve_trunc(&mut st, ino)?;
+        }
         let (tid, gen) = self.sync_point(ino, datasync);
         self.journal_wait(tid, gen)
     }

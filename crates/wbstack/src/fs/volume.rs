@@ -372,6 +372,12 @@ pub(super) struct State {
     pub aborted: Option<String>,
     /// Data the next commits must wait for (rename over an existing file).
     pub ordered: Vec<Ordered>,
+    /// Truncations in progress, by inode (how many). A truncation cuts the page cache
+    /// before it decides, under this lock, what it journals (a truncation to zero is
+    /// deferred); a write completing in between is already cut away. So fsync and
+    /// syncfs wait for these to finish before resolving and committing, or they would
+    /// commit neither the write nor the truncation.
+    pub truncating: HashMap<u64, u32>,
     /// Added to the volume clock's time to give an inode timestamp: wall-clock time
     /// on a real clock, 0 on a manual one (tests stay deterministic). Scheduling (commit
     /// intervals) keeps the clock's own time.
@@ -625,6 +631,52 @@ pub(super) struct Vol {
     /// Signalled (with `st`) when data in flight completes or reservations drop: the
     /// committer waits on it for ordered data.
     pub ordered_cv: Condvar,
+    /// Signalled (with `st`) when a truncation ends (`State::truncating`).
+    pub truncate_cv: Condvar,
+}
+
+/// A truncation of `ino` in progress, from its start to its end on every path.
+struct Truncating<'a> {
+    vol: &'a Vol,
+    ino: u64,
+}
+
+impl<'a> Truncating<'a> {
+    fn start(vol: &'a Vol, st: &mut State, ino: u64) -> Truncating<'a> {
+        *st.truncating.entry(ino).or_default() += 1;
+        Truncating { vol, ino }
+    }
+}
+
+impl Drop for Truncating<'_> {
+    fn drop(&mut self) {
+        let mut st = self.vol.st.lock();
+        match st.truncating.get_mut(&self.ino) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                st.truncating.remove(&self.ino);
+            }
+            None => debug_assert!(false, "a truncation of {} ended twice", self.ino),
+        }
+        drop(st);
+        self.vol.truncate_cv.notify_all();
+    }
+}
+
+impl Vol {
+    /// Wait until no truncation of `ino` (None: of any inode) is in progress.
+    pub(super) fn wait_truncations(
+        &self,
+        st: &mut parking_lot::MutexGuard<'_, State>,
+        ino: Option<u64>,
+    ) {
+        while match ino {
+            Some(i) => st.truncating.contains_key(&i),
+            None => !st.truncating.is_empty(),
+        } {
+            self.truncate_cv.wait(st);
+        }
+    }
 }
 
 /// The filesystem's side of the page cache (`AddressSpaceOps`).
@@ -1360,7 +1412,11 @@ impl Vol {
         mapping: &Arc<Mapping>,
         size: u64,
     ) -> FsResult<()> {
-        self.st.lock().check_writable()?;
+        let _truncating = {
+            let mut st = self.st.lock();
+            st.check_writable()?;
+            Truncating::start(self, &mut st, ino)
+        };
         let old = mapping.size();
         // A partial last page keeps its head; its tail must read as zeros from now on,
         // on disk too, so the page is read, cut and written again.
