@@ -787,6 +787,7 @@ fn run(cmd: Cmd) -> ExitCode {
                     rule: a.fsync_rule,
                     save_dir: Some(a.save_dir),
                     progress: !a.json,
+                    drop_preflush: a.unsafe_drop_preflush,
                 };
                 return match wbstack_cli::crashtest::states_cli(&o, a.json) {
                     Ok(code) => ExitCode::from(code),

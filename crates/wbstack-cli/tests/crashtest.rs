@@ -994,3 +994,60 @@ fn a_truncation_to_zero_during_an_fsync_keeps_the_fsynced_write_or_the_truncatio
         );
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Every crash state of a write log (crashtest --states).
+
+#[test]
+fn every_crash_state_of_each_workload_keeps_what_was_acknowledged() {
+    use wbstack_cli::crashtest::{run_states, StatesOpts, WORKLOADS};
+    // 140 seeds of the random workload bring the run past 10,000 states.
+    let s = run_states(&StatesOpts {
+        random_seeds: 140,
+        ..StatesOpts::default()
+    })
+    .unwrap();
+    let failed: Vec<&String> = s.workloads.iter().flat_map(|w| &w.failed).collect();
+    assert_eq!(s.failures, 0, "{failed:#?}");
+    assert!(s.states >= 10_000, "only {} states", s.states);
+    assert_eq!(s.workloads.len(), WORKLOADS.len());
+    for w in &s.workloads {
+        assert!(w.states > 0 && w.flushes > 0, "{w:?}");
+    }
+}
+
+#[test]
+fn a_dropped_preflush_fails_crash_states_and_their_replay_files_fail_too() {
+    use wbstack_cli::crashtest::{run_states, StatesOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let s = run_states(&StatesOpts {
+        workloads: vec!["fdatasync-extend".into(), "punch-hole".into()],
+        drop_preflush: true,
+        save_dir: Some(dir.path().to_path_buf()),
+        ..StatesOpts::default()
+    })
+    .unwrap();
+    for w in &s.workloads {
+        assert!(w.failures > 0, "{}: no state failed", w.workload);
+    }
+    let mut replayed = 0;
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let file = ReplayFile::load(&e.unwrap().path()).unwrap();
+        let r = file.check().unwrap();
+        assert!(r.failed());
+        assert_eq!(r.reasons(), file.header.failure);
+        replayed += 1;
+    }
+    assert!(replayed > 0);
+}
+
+#[test]
+fn an_unknown_workload_is_a_clear_error() {
+    let out = wbstack(&["crashtest", "--states", "--workload", "nope"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no workload 'nope'") && err.contains("rename-over"),
+        "{err}"
+    );
+}

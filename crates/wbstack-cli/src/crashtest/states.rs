@@ -50,6 +50,9 @@ pub struct StatesOpts {
     pub rule: FsyncRule,
     pub save_dir: Option<PathBuf>,
     pub progress: bool,
+    /// Testing the tool: the volume's PREFLUSH is dropped before the write log sees it
+    /// (a filesystem that forgot one ordering), so states must fail.
+    pub drop_preflush: bool,
 }
 
 impl Default for StatesOpts {
@@ -64,7 +67,28 @@ impl Default for StatesOpts {
             rule: FsyncRule::Inode,
             save_dir: None,
             progress: false,
+            drop_preflush: false,
         }
+    }
+}
+
+/// Drops PREFLUSH from every request: the broken ordering of `drop_preflush`.
+struct DropPreflush(wbstack::dev::DeviceRef);
+
+impl wbstack::dev::Device for DropPreflush {
+    fn geometry(&self) -> &wbstack::dev::Geometry {
+        self.0.geometry()
+    }
+    fn spec(&self) -> &str {
+        self.0.spec()
+    }
+    fn queue_rq(&self, mut rq: wbstack::block::Request, done: &wbstack::dev::Completer) {
+        use wbstack::block::BioFlags;
+        rq.flags = BioFlags(rq.flags.0 & !BioFlags::PREFLUSH.0);
+        self.0.queue_rq(rq, done)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -637,9 +661,14 @@ pub struct Recording {
     pub writes: WriteLog,
 }
 
-pub fn record(w: &Workload, seed: u64) -> Result<Recording, String> {
+pub fn record(w: &Workload, seed: u64, drop_preflush: bool) -> Result<Recording, String> {
     let logw = Arc::new(LogWrites::new(Arc::new(memory_device()?)));
-    let q = RequestQueue::new(logw.clone(), QueueConfig::default()).map_err(|e| e.to_string())?;
+    let top: wbstack::dev::DeviceRef = if drop_preflush {
+        Arc::new(DropPreflush(logw.clone()))
+    } else {
+        logw.clone()
+    };
+    let q = RequestQueue::new(top, QueueConfig::default()).map_err(|e| e.to_string())?;
     Volume::mkfs(&q, &MkfsOptions { fs_id: Some(1) }).map_err(|e| format!("mkfs: {e}"))?;
     let mkfs = logw.take_log();
     let mut base = SparseStore::new();
@@ -805,7 +834,7 @@ fn run_seed(
     o: &StatesOpts,
     out: &mut WorkloadStates,
 ) -> Result<(), String> {
-    let r = record(w, seed)?;
+    let r = record(w, seed, o.drop_preflush)?;
     let windows = r.writes.windows();
     out.operations += r.log.len();
     out.device_writes += r
