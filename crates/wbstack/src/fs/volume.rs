@@ -385,6 +385,19 @@ pub(super) struct State {
 }
 
 impl State {
+    /// An allocator call that cannot fail did (a double free, releasing more than was
+    /// reserved): the in-memory metadata is wrong. Reported, never absorbed: the volume
+    /// turns read-only with the reason (ext4's errors=remount-ro), and a debug build
+    /// stops here.
+    pub(super) fn allocator_broken(&mut self, what: &str, r: Result<(), super::alloc::AllocError>) {
+        if let Err(e) = r {
+            debug_assert!(false, "{what}: {e}");
+            if self.aborted.is_none() {
+                self.aborted = Some(format!("allocator: {what}: {e}"));
+            }
+        }
+    }
+
     pub(super) fn check_writable(&self) -> FsResult<()> {
         match &self.aborted {
             Some(why) => Err(FsError::ReadOnly(why.clone())),
@@ -559,7 +572,8 @@ impl State {
             }
             dead.push((s, f.max(keep)));
         }
-        let _ = self.meta.alloc.unreserve(gone.len() as u64);
+        let r = self.meta.alloc.unreserve(gone.len() as u64);
+        self.allocator_broken("releasing the reservations of cut pages", r);
         for (s, from) in dead {
             if let Some(inf) = self.inflight.get_mut(&s) {
                 inf.dead_from = Some(inf.dead_from.map_or(from, |d| d.min(from)));
@@ -869,7 +883,8 @@ impl AddressSpaceOps for Aops {
             }
             if alive < inf.len {
                 // Never referenced by any committed metadata: reusable at once.
-                let _ = st.meta.alloc.free(blk + alive, inf.len - alive);
+                let r = st.meta.alloc.free(blk + alive, inf.len - alive);
+                st.allocator_broken("freeing the blocks of a write truncated away", r);
             }
             written_end = written_end.min((inf.fblock + alive) * PAGE);
             if !st.ordered.is_empty() {
@@ -1223,7 +1238,8 @@ impl Vol {
             // Written after a deferred truncation, never journaled: free at once.
             let maps = std::mem::take(&mut l.deferred_maps);
             for (_, (s, len)) in maps {
-                let _ = st.meta.alloc.free(s, len);
+                let r = st.meta.alloc.free(s, len);
+                st.allocator_broken("freeing the unjournaled blocks of a deleted inode", r);
             }
         }
         let now = self.now();
@@ -1456,7 +1472,8 @@ impl Vol {
                 l.deferred_size = 0;
                 for (_, (s, len)) in stale {
                     // Written since the last deferred truncation, never journaled.
-                    let _ = st.meta.alloc.free(s, len);
+                    let r = st.meta.alloc.free(s, len);
+                    st.allocator_broken("freeing blocks written before a new truncation", r);
                 }
                 st.stamp(ino, self.now(), true);
                 return Ok(());
