@@ -236,12 +236,7 @@ impl Probe {
 }
 
 impl Device for Probe {
-    fn geometry(&self) -> &Geometry {
-        self.inner.geometry()
-    }
-    fn spec(&self) -> &str {
-        self.inner.spec()
-    }
+    wbstack::stacked_device!(inner);
     fn queue_rq(&self, mut rq: Request, done: &Completer) {
         if self.drop_preflush {
             rq.flags = BioFlags(rq.flags.0 & !BioFlags::PREFLUSH.0);
@@ -287,18 +282,6 @@ impl Device for Probe {
             self.sim().power_cut_after(1, true);
         }
         self.inner.queue_rq(rq, &d);
-    }
-    fn commit_rqs(&self, hctx: u16) {
-        self.inner.commit_rqs(hctx)
-    }
-    fn poll(&self, hctx: u16, timeout_ns: u64) -> usize {
-        self.inner.poll(hctx, timeout_ns)
-    }
-    fn can_poll(&self) -> bool {
-        self.inner.can_poll()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

@@ -76,19 +76,11 @@ impl Default for StatesOpts {
 struct DropPreflush(wbstack::dev::DeviceRef);
 
 impl wbstack::dev::Device for DropPreflush {
-    fn geometry(&self) -> &wbstack::dev::Geometry {
-        self.0.geometry()
-    }
-    fn spec(&self) -> &str {
-        self.0.spec()
-    }
+    wbstack::stacked_device!(0);
     fn queue_rq(&self, mut rq: wbstack::block::Request, done: &wbstack::dev::Completer) {
         use wbstack::block::BioFlags;
         rq.flags = BioFlags(rq.flags.0 & !BioFlags::PREFLUSH.0);
         self.0.queue_rq(rq, done)
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

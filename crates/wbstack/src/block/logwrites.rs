@@ -235,12 +235,7 @@ fn flush_mark() -> LogEntry {
 }
 
 impl Device for LogWrites {
-    fn geometry(&self) -> &Geometry {
-        self.inner.geometry()
-    }
-    fn spec(&self) -> &str {
-        self.inner.spec()
-    }
+    crate::stacked_device!(inner);
     fn queue_rq(&self, rq: Request, done: &Completer) {
         let submitted_at = {
             let mut log = self.log.lock();
@@ -259,18 +254,6 @@ impl Device for LogWrites {
             submitted_at,
         });
         self.inner.queue_rq(rq, &d);
-    }
-    fn commit_rqs(&self, hctx: u16) {
-        self.inner.commit_rqs(hctx)
-    }
-    fn poll(&self, hctx: u16, timeout_ns: u64) -> usize {
-        self.inner.poll(hctx, timeout_ns)
-    }
-    fn can_poll(&self) -> bool {
-        self.inner.can_poll()
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

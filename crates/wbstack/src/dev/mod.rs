@@ -92,6 +92,33 @@ pub trait Device: Send + Sync + 'static {
 
 pub type DeviceRef = Arc<dyn Device>;
 
+/// Inside `impl Device for X` of a device stacked on another (the field `$inner`, a
+/// `DeviceRef`): every method but `queue_rq` passed through, so a wrapper that logs,
+/// probes or rewrites requests states only what it changes.
+#[macro_export]
+macro_rules! stacked_device {
+    ($inner:tt) => {
+        fn geometry(&self) -> &$crate::dev::Geometry {
+            self.$inner.geometry()
+        }
+        fn spec(&self) -> &str {
+            self.$inner.spec()
+        }
+        fn commit_rqs(&self, hctx: u16) {
+            self.$inner.commit_rqs(hctx)
+        }
+        fn poll(&self, hctx: u16, timeout_ns: u64) -> usize {
+            self.$inner.poll(hctx, timeout_ns)
+        }
+        fn can_poll(&self) -> bool {
+            self.$inner.can_poll()
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    };
+}
+
 /// Open a device from its spec string.
 pub fn open(spec: &str, clock: ClockRef) -> Result<DeviceRef, SpecError> {
     let parsed = DeviceSpec::parse(spec)?;
