@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use wbstack::block::{BioFlags, BlkError, BlkResult, Op, Request};
 use wbstack::dev::sim::SimDevice;
-use wbstack::dev::{Completer, Device, DeviceRef, Geometry, RqComplete};
+use wbstack::dev::{Completer, Device, DeviceRef, RqComplete};
 use wbstack::fs::format::Superblock;
 
 /// Where on the device a request goes (from the superblock's layout).

@@ -19,9 +19,8 @@
 
 use super::bio::{BioFlags, BlkResult, Op, Request};
 use crate::dev::store::SparseStore;
-use crate::dev::{Completer, Device, DeviceRef, Geometry, RqComplete};
+use crate::dev::{Completer, Device, DeviceRef, RqComplete};
 use parking_lot::Mutex;
-use std::any::Any;
 use std::sync::Arc;
 
 pub const SECTOR: u64 = 512;
