@@ -457,6 +457,18 @@ fn real_cuts_run_mount_and_check() {
 }
 
 #[test]
+fn cuts_run_in_parallel_are_reported_in_cut_order() {
+    let s = wbstack_cli::crashtest::run(&CrashOpts {
+        jobs: 3,
+        ..small(6, FsyncRule::Inode)
+    })
+    .unwrap();
+    assert_eq!(s.cuts, 6);
+    assert_eq!(s.failed_cuts, 0, "{:#?}", s.failures);
+    assert_eq!(s.hangs, 0);
+}
+
+#[test]
 fn ten_cuts_pass_with_zeros() {
     let s = wbstack_cli::crashtest::run(&small(10, FsyncRule::Inode)).unwrap();
     assert_eq!(s.failed_cuts, 0, "{:#?}", s.failures);
@@ -840,6 +852,7 @@ fn bad_flags_are_clear_errors() {
         (vec!["--device", "sim:ssd,bogus=1"], "bogus"),
         (vec!["--cuts", "0"], "--cuts"),
         (vec!["--threads", "0"], "--threads"),
+        (vec!["--jobs", "0"], "--jobs"),
         (vec!["--ops", "0"], "--ops"),
         (vec!["--fsync-rule", "sometimes"], "global or inode"),
         (vec!["-o", "nonsense=1"], "nonsense"),

@@ -120,6 +120,8 @@ pub struct CrashOpts {
     /// Mount options on top of crashtest's own (name=value,...).
     pub mount_opts: String,
     pub commit_ms: u64,
+    /// Cuts run at once (each on its own fresh filesystem and device).
+    pub jobs: usize,
     pub progress: bool,
     /// Where a failing cut writes its replay file (None: nowhere).
     pub save_dir: Option<std::path::PathBuf>,
@@ -139,6 +141,7 @@ impl Default for CrashOpts {
             rule: FsyncRule::Inode,
             mount_opts: String::new(),
             commit_ms: 20,
+            jobs: 1,
             progress: false,
             save_dir: None,
             drop_preflush: false,

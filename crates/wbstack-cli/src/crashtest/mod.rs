@@ -45,6 +45,7 @@
 //! recovered tree and fsck's notes on stderr.
 
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::Instant;
 use wbstack::block::QueueConfig;
@@ -226,6 +227,9 @@ pub(crate) fn validate(o: &CrashOpts) -> Result<(), String> {
     if o.commit_ms == 0 {
         return Err("--commit-ms must be at least 1".into());
     }
+    if o.jobs == 0 || o.jobs > 64 {
+        return Err(format!("--jobs {}: must be from 1 to 64", o.jobs));
+    }
     mount_options(o)?;
     let spec = cut_spec(&o.device, o.seed)?;
     // Every option of the spec is checked by opening it once.
@@ -284,33 +288,59 @@ pub fn run(o: &CrashOpts) -> Result<Summary, String> {
         fsync_rule: Some(o.rule),
         ..Summary::default()
     };
-    for i in 0..o.cuts {
-        let seed = o.seed.wrapping_add(i);
-        let (tx, rx) = mpsc::channel();
-        let oc = o.clone();
-        // The cut runs on its own thread so a hang (a thread of the filesystem or the
-        // workload that never returns after the power went) is reported, not waited on.
-        std::thread::Builder::new()
-            .name(format!("crash-cut{i}"))
-            .spawn(move || {
-                let _ = tx.send(run_cut(&oc, i, seed));
-            })
-            .map_err(|e| format!("cannot start a cut thread: {e}"))?;
-        let r = match rx.recv_timeout(CUT_LIMIT) {
-            Ok(r) => r,
-            Err(_) => CutReport {
-                cut: i,
-                seed,
-                plan: Some(CutPlan::new(seed, o.ops)),
-                hang: true,
-                seconds: CUT_LIMIT.as_secs_f64(),
-                ..CutReport::default()
-            },
+    // Up to `jobs` cuts at once (a simulated disk's cuts mostly wait on its clock).
+    // Each runs on its own thread, so a hang (a thread of the filesystem or the workload
+    // that never returns after the power went) is reported, not waited on.
+    let (tx, rx) = mpsc::channel::<CutReport>();
+    let mut started: BTreeMap<u64, Instant> = BTreeMap::new();
+    let mut next = 0u64;
+    let mut reports = Vec::new();
+    while next < o.cuts || !started.is_empty() {
+        while next < o.cuts && started.len() < o.jobs.max(1) {
+            let i = next;
+            let seed = o.seed.wrapping_add(i);
+            let (tx, oc) = (tx.clone(), o.clone());
+            std::thread::Builder::new()
+                .name(format!("crash-cut{i}"))
+                .spawn(move || {
+                    // The receiver is gone only when this cut was already reported hung.
+                    tx.send(run_cut(&oc, i, seed)).ok();
+                })
+                .map_err(|e| format!("cannot start a cut thread: {e}"))?;
+            started.insert(i, Instant::now());
+            next += 1;
+        }
+        let (&oldest, &at) = started
+            .iter()
+            .min_by_key(|(_, t)| **t)
+            .expect("a cut is in flight");
+        let left = CUT_LIMIT.saturating_sub(at.elapsed());
+        let r = match rx.recv_timeout(left) {
+            Ok(r) if started.remove(&r.cut).is_some() => r,
+            // A late report of a cut already counted as hung.
+            Ok(_) => continue,
+            Err(_) => {
+                started.remove(&oldest);
+                let seed = o.seed.wrapping_add(oldest);
+                CutReport {
+                    cut: oldest,
+                    seed,
+                    plan: Some(CutPlan::new(seed, o.ops)),
+                    hang: true,
+                    seconds: CUT_LIMIT.as_secs_f64(),
+                    ..CutReport::default()
+                }
+            }
         };
         if o.progress {
             eprintln!("{}", progress_line(&r, o.cuts));
         }
-        s.add(&r);
+        reports.push(r);
+    }
+    // The summary in cut order, whatever order they finished in.
+    reports.sort_by_key(|r| r.cut);
+    for r in &reports {
+        s.add(r);
     }
     s.seconds = t0.elapsed().as_secs_f64();
     Ok(s)
