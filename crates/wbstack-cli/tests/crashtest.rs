@@ -1064,3 +1064,50 @@ fn an_unknown_workload_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// Found by crashtest on sim:hdd (seed 763, replayed from its file): a truncation to a
+/// partial last block journals the cut and rewrites that block's head to a new block,
+/// ordered before the commit; a truncation to zero right after, deferred, dropped the
+/// head's write, so the commit went out with the cut and without the head: the file
+/// kept its size with zeros where its fsynced head was.
+#[test]
+fn a_truncation_to_zero_after_a_partial_block_truncation_keeps_the_head_or_empties_the_file() {
+    for round in 0..8u64 {
+        let (q, v) = fresh("sim:ssd,size=64M");
+        let v = Arc::new(v);
+        let f = v.create("/f").unwrap();
+        let old: Vec<u8> = (0..64 * 512).map(|i| (i % 251) as u8).collect();
+        f.write_at(0, &old).unwrap();
+        f.fsync().unwrap();
+        // The head write of the cut block (5 blocks and 3 sectors) stays in the device
+        // while the truncation to zero runs, in some rounds past the cut's own return.
+        sim(&q).hold(true);
+        f.set_len(5 * 4096 + 3 * 512).unwrap();
+        let tr = {
+            let v = v.clone();
+            std::thread::spawn(move || {
+                let g = v.open("/f", &OpenOptions::read_write()).unwrap();
+                g.set_len(0)
+            })
+        };
+        for _ in 0..round * 40 {
+            std::thread::yield_now();
+        }
+        sim(&q).hold(false);
+        tr.join().unwrap().unwrap();
+        // A commit for another file's fsync: it carries whatever the running
+        // transaction holds of /f, without resolving /f's deferred truncation.
+        let z = v.create("/z").unwrap();
+        z.fsync().unwrap();
+        drop((f, z));
+        let v = Arc::try_unwrap(v).ok().unwrap();
+        let (v, _) = cut_and_remount(&q, v);
+        let got = read_all(&v, "/f");
+        assert!(
+            got.is_empty() || got[..] == old[..got.len()],
+            "round {round}: {} bytes after the cut, not a prefix of the fsynced content (zeros: {})",
+            got.len(),
+            got.iter().filter(|&&b| b == 0).count()
+        );
+    }
+}

@@ -338,11 +338,15 @@ impl Ordered {
                 .next_back()
                 .is_some_and(|(&f, &(_, len))| *p < f + len)
         };
+        // A truncation between its cut of the page cache and its decision of what to
+        // journal may just have dropped these pages: the transaction waits for that
+        // decision, which lands in it (see `truncate`).
         !st.meta.inodes.contains_key(&self.ino)
-            || (!self
-                .pages
-                .iter()
-                .any(|p| l.delalloc.contains(p) || in_flight(p))
+            || (!st.truncating.contains_key(&self.ino)
+                && !self
+                    .pages
+                    .iter()
+                    .any(|p| l.delalloc.contains(p) || in_flight(p))
                 && !self.inflight.iter().any(|b| st.inflight.contains_key(b)))
     }
 }
@@ -674,6 +678,8 @@ impl Drop for Truncating<'_> {
         }
         drop(st);
         self.vol.truncate_cv.notify_all();
+        // A commit waiting for ordered data of this inode looks again.
+        self.vol.ordered_cv.notify_all();
     }
 }
 
@@ -1461,7 +1467,12 @@ impl Vol {
                 l.da_alloc_close = true;
             }
             let pending = l.trunc_pending;
-            if foc && size == 0 && (has_disk || pending) {
+            // Not while a transaction waits for ordered data of this inode (a rename
+            // over, the rewritten head of a partial last block): the truncation may
+            // have dropped that data, and only journaling it now, in that very
+            // transaction, keeps the transaction from committing without it.
+            let ordered = st.ordered.iter().any(|o| o.ino == ino);
+            if foc && size == 0 && (has_disk || pending) && !ordered {
                 // Deferred: the old blocks stay until the rewrite is written back. Pages
                 // written since the cut above belong before it, not to the rewrite.
                 mapping.set_size(0);
