@@ -63,6 +63,8 @@ pub struct SoakReport {
     pub bytes_read: u64,
     pub fsyncs: u64,
     pub max_latency_ms: f64,
+    /// The kind of operation that took `max_latency_ms`.
+    pub slowest_op: String,
     pub max_rss_bytes: u64,
     pub rss_bound_bytes: u64,
     /// Wrong contents, unexpected errors, stalls, memory over the bound.
@@ -85,6 +87,8 @@ struct Shared {
     read: AtomicU64,
     fsyncs: AtomicU64,
     max_lat_ns: AtomicU64,
+    /// The slowest operation so far: (ns, kind).
+    slowest: Mutex<(u64, &'static str)>,
     failures: Mutex<Vec<String>>,
     doing: Vec<Mutex<Doing>>,
 }
@@ -166,6 +170,7 @@ pub fn run(o: &SoakOpts) -> Result<SoakReport, String> {
         read: AtomicU64::new(0),
         fsyncs: AtomicU64::new(0),
         max_lat_ns: AtomicU64::new(0),
+        slowest: Mutex::new((0, "")),
         failures: Mutex::new(Vec::new()),
         doing: (0..o.threads)
             .map(|_| {
@@ -271,6 +276,7 @@ fn report(
         bytes_read: s.read.load(Ordering::Relaxed),
         fsyncs: s.fsyncs.load(Ordering::Relaxed),
         max_latency_ms: s.max_lat_ns.load(Ordering::Relaxed) as f64 / 1e6,
+        slowest_op: s.slowest.lock().1.to_string(),
         max_rss_bytes: max_rss,
         rss_bound_bytes: rss_bound,
         failures: s.failures.lock().clone(),
@@ -311,7 +317,12 @@ fn worker(fs: &dyn BenchFs, s: &Shared, o: &SoakOpts, t: usize, dir: &str) {
         let r = step(fs, s, o, &mut rng, &mut model, i, op, &path);
         let ns = t0.elapsed().as_nanos() as u64;
         s.doing[t].lock().since = None;
-        s.max_lat_ns.fetch_max(ns, Ordering::Relaxed);
+        if s.max_lat_ns.fetch_max(ns, Ordering::Relaxed) < ns {
+            let mut w = s.slowest.lock();
+            if ns > w.0 {
+                *w = (ns, op);
+            }
+        }
         s.ops.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = r {
             return s.fail(format!("soak-{t}: {op} of {p}: {e}"));
