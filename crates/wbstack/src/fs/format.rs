@@ -476,9 +476,11 @@ impl Record {
 
     pub fn decode(r: &mut Reader) -> Result<Record, FormatError> {
         let tag = r.u8()?;
+        // The same rule as the checkpoint image's (`valid_name`): a name replay accepts
+        // but a checkpoint refuses would make the next checkpoint unreadable.
         let name = |r: &mut Reader| -> Result<Vec<u8>, FormatError> {
             let b = r.bytes()?;
-            if b.is_empty() || b.len() > 255 || b.contains(&b'/') || b.contains(&0) {
+            if !super::meta::valid_name(b) {
                 return Err(FormatError::Corrupt(format!(
                     "invalid name of {} bytes in a journal record",
                     b.len()
