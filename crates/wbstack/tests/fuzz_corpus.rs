@@ -4,8 +4,10 @@
 //!
 //! Files named `seed-*` come from real images made here (mkfs, a tree of every kind of
 //! inode with xattrs, unmounted or crashed with transactions in the journal, a version 1
-//! image) and must be accepted; `crash-*` are inputs the fuzzer found, each kept with
-//! its fix. To rewrite the seeds after a format change:
+//! image) and must be accepted; `crash-*` are inputs the fuzzer crashed on and
+//! `regress-*` inputs written for a bug found by reading, each kept with its fix (they
+//! must run through without a panic; accepted or refused). To rewrite the seeds after a
+//! format change:
 //! `WBSTACK_WRITE_FUZZ_SEEDS=1 cargo test --release -p wbstack --test fuzz_corpus`.
 
 use std::path::{Path, PathBuf};
