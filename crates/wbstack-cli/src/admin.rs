@@ -71,17 +71,25 @@ pub fn print_mkfs(r: &MkfsReport) {
     );
 }
 
-/// fsck: the report, and the exit code of fsck(8): 0 clean, 4 errors left, 8 could not
-/// check.
+/// fsck's exit codes, those of fsck(8): the image is a consistent filesystem.
+pub const FSCK_CLEAN: u8 = 0;
+/// A wbstack filesystem with problems (fsck repairs nothing, so they are left).
+pub const FSCK_PROBLEMS: u8 = 4;
+/// Nothing could be checked: the image cannot be opened or read, or holds no valid
+/// wbstack superblock (not a wbstack filesystem).
+pub const FSCK_NOT_CHECKED: u8 = 8;
+
+/// fsck: the report, and the exit code ([`FSCK_CLEAN`], [`FSCK_PROBLEMS`],
+/// [`FSCK_NOT_CHECKED`]). An error (the image cannot be opened) is also exit 8.
 pub fn check(image: &str) -> Result<(FsckReport, u8), String> {
     let q = open(&spec_of(image))?;
     let r = fsck(&q);
-    let code = if r.is_clean() {
-        0
-    } else if r.inodes == 0 && r.checkpoint_seq == 0 {
-        8
+    let code = if !r.checked {
+        FSCK_NOT_CHECKED
+    } else if r.is_clean() {
+        FSCK_CLEAN
     } else {
-        4
+        FSCK_PROBLEMS
     };
     Ok((r, code))
 }

@@ -755,7 +755,7 @@ fn run(cmd: Cmd) -> ExitCode {
             }
             Err(e) => {
                 eprintln!("wbstack fsck: {e}");
-                return ExitCode::from(8);
+                return ExitCode::from(admin::FSCK_NOT_CHECKED);
             }
         },
         Cmd::Info(a) => admin::info(&a.image).and_then(|r| {

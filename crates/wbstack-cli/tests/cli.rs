@@ -245,6 +245,32 @@ fn mkfs_fsck_info_on_an_image_file() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("clean"));
     let v = json(&wbstack(&["info", img, "--json"]));
     assert_eq!(v["files"].as_u64(), Some(1));
+    // A wbstack filesystem with a problem (the root's link count, in a checkpoint that
+    // is otherwise valid): fsck names it and exits 4; mount refuses the image.
+    let clean = std::fs::read(img).unwrap();
+    std::fs::write(img, break_root_link_count(&clean)).unwrap();
+    let out = wbstack(&["fsck", img]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("PROBLEM: inode 1: link count 5"), "{text}");
+    let out = wbstack(&["info", img]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("inode 1: link count 5") && err.contains("fsck"),
+        "{err}"
+    );
+    // No valid checkpoint at all: still a wbstack filesystem, so 4 as well.
+    let mut bytes = clean.clone();
+    let sb = wbstack::fs::format::Superblock::decode(&bytes[..4096]).unwrap();
+    for (start, _) in sb.checkpoint {
+        bytes[start as usize * 4096] ^= 0xff;
+    }
+    std::fs::write(img, &bytes).unwrap();
+    let out = wbstack(&["fsck", img]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no valid checkpoint"));
+    std::fs::write(img, &clean).unwrap();
     // Damage both superblock copies: fsck says what is wrong and exits non-zero; info
     // (a mount) refuses with the reason and the advice to run fsck.
     let mut bytes = std::fs::read(img).unwrap();
@@ -266,4 +292,33 @@ fn mkfs_fsck_info_on_an_image_file() {
     let out = wbstack(&["fsck", junk.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(8));
     assert!(String::from_utf8_lossy(&out.stdout).contains("not a wbstack image"));
+}
+
+/// `image` with its newest checkpoint rewritten so that the root directory's link count
+/// is 5: every structure decodes, one invariant is broken.
+fn break_root_link_count(image: &[u8]) -> Vec<u8> {
+    use wbstack::fs::format::{Checkpoint, Superblock};
+    use wbstack::fs::meta::Meta;
+    let sb = Superblock::decode(&image[..4096]).unwrap();
+    let (start, c) = sb
+        .checkpoint
+        .iter()
+        .filter_map(|&(s, _)| {
+            Checkpoint::decode(&image[s as usize * 4096..])
+                .ok()
+                .map(|c| (s, c))
+        })
+        .max_by_key(|(_, c)| c.seq)
+        .unwrap();
+    let mut m = Meta::decode_image(&c.image, sb.data_start, sb.nr_blocks).unwrap();
+    m.inodes.get_mut(&1).unwrap().links = 5;
+    let enc = Checkpoint {
+        image: m.encode_image(),
+        ..c
+    }
+    .encode();
+    let mut out = image.to_vec();
+    let at = start as usize * 4096;
+    out[at..at + enc.len()].copy_from_slice(&enc);
+    out
 }

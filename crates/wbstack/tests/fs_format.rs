@@ -57,13 +57,21 @@ fn record() -> impl Strategy<Value = Record> {
         (any::<u64>(), any::<u32>()).prop_map(|(ino, rdev)| Record::SetRdev { ino, rdev }),
         (
             any::<u64>(),
-            prop::collection::vec(1u8..255, 1..60),
+            xattr_name(),
             prop::collection::vec(any::<u8>(), 0..300)
         )
             .prop_map(|(ino, name, value)| Record::SetXattr { ino, name, value }),
-        (any::<u64>(), prop::collection::vec(1u8..255, 1..60))
-            .prop_map(|(ino, name)| Record::RemoveXattr { ino, name }),
+        (any::<u64>(), xattr_name()).prop_map(|(ino, name)| Record::RemoveXattr { ino, name }),
     ]
+}
+
+/// A name in one of the namespaces an image may hold.
+fn xattr_name() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop::sample::select(XATTR_NAMESPACES.to_vec()),
+        prop::collection::vec(1u8..255, 0..60),
+    )
+        .prop_map(|(ns, rest)| [ns, &rest[..]].concat())
 }
 
 proptest! {
@@ -126,11 +134,11 @@ proptest! {
         let _ = Txn::decode(&enc);
         let mut sb = Superblock::layout(1 << 20, 9, 9).unwrap().encode();
         for (i, v) in &flips {
-            let at = i.index(100);
+            let at = i.index(SB_FIELDS);
             sb[at] = *v;
         }
-        let c = crc(&sb[..100]);
-        sb[100..104].copy_from_slice(&c.to_le_bytes());
+        let c = crc(&sb[..SB_FIELDS]);
+        sb[SB_FIELDS..SB_FIELDS + 4].copy_from_slice(&c.to_le_bytes());
         let _ = Superblock::decode(&sb);
     }
 }

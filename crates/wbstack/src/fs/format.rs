@@ -117,6 +117,9 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Bytes of the superblock's fields; its CRC32C follows them.
+pub const SB_FIELDS: usize = 8 + 4 + 4 + 8 + 8 + 8 + 4 * 8 + 8 + 8 + 8;
+
 /// Where everything lives, in 4 KiB blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -249,6 +252,15 @@ impl Superblock {
                 ));
             }
             prev_end = end;
+        }
+        // Checkpoints alternate between the slots and the running filesystem bounds its
+        // metadata by one slot's size (`Vol::check_meta_room`): a smaller other slot
+        // would refuse the next checkpoint.
+        if self.checkpoint[0].1 != self.checkpoint[1].1 {
+            return bad(format!(
+                "checkpoint slots of {} and {} blocks (they must be equal)",
+                self.checkpoint[0].1, self.checkpoint[1].1
+            ));
         }
         if self.data_start < prev_end || self.data_start >= self.nr_blocks {
             return bad(format!(
@@ -464,9 +476,11 @@ impl Record {
 
     pub fn decode(r: &mut Reader) -> Result<Record, FormatError> {
         let tag = r.u8()?;
+        // The same rule as the checkpoint image's (`valid_name`): a name replay accepts
+        // but a checkpoint refuses would make the next checkpoint unreadable.
         let name = |r: &mut Reader| -> Result<Vec<u8>, FormatError> {
             let b = r.bytes()?;
-            if b.is_empty() || b.len() > 255 || b.contains(&b'/') || b.contains(&0) {
+            if !super::meta::valid_name(b) {
                 return Err(FormatError::Corrupt(format!(
                     "invalid name of {} bytes in a journal record",
                     b.len()
@@ -565,13 +579,26 @@ impl Record {
     }
 }
 
-/// An extended attribute's name as stored: 1 to XATTR_NAME_MAX bytes, no NUL.
+/// The namespaces an extended attribute can be set in (`perm::xattr` refuses any
+/// other), so the only ones an image can hold: a stored name outside them could be
+/// listed but never read or removed.
+pub const XATTR_NAMESPACES: [&[u8]; 4] =
+    [b"user.", b"trusted.", b"security.", b"system.posix_acl_"];
+
+/// An extended attribute's name as stored: 1 to XATTR_NAME_MAX bytes, no NUL, in one of
+/// [`XATTR_NAMESPACES`].
 pub fn xattr_name(r: &mut Reader) -> Result<Vec<u8>, FormatError> {
     let b = r.bytes()?;
     if b.is_empty() || b.len() > XATTR_NAME_MAX || b.contains(&0) {
         return Err(FormatError::Corrupt(format!(
             "invalid extended attribute name of {} bytes",
             b.len()
+        )));
+    }
+    if !XATTR_NAMESPACES.iter().any(|ns| b.starts_with(ns)) {
+        return Err(FormatError::Corrupt(format!(
+            "extended attribute {:?} is in no known namespace",
+            String::from_utf8_lossy(b)
         )));
     }
     Ok(b.to_vec())
@@ -586,7 +613,9 @@ pub struct Txn {
     pub records: Vec<Record>,
 }
 
-const TXN_HEADER: usize = 4 + 8 + 8 + 4 + 4;
+/// Bytes of a transaction's header: magic, fs_id, tid, record count, body length (the
+/// last field, so the CRC32C sits at `TXN_HEADER + body length`).
+pub const TXN_HEADER: usize = 4 + 8 + 8 + 4 + 4;
 
 impl Txn {
     /// Encoded and padded to whole blocks.
@@ -702,7 +731,9 @@ pub struct Checkpoint {
     pub image: Vec<u8>,
 }
 
-const CKPT_HEADER: usize = 4 + 8 + 8 + 8 + 8 + 4;
+/// Bytes of a checkpoint's header: magic, fs_id, seq, tid, journal_pos, image length
+/// (the last field, so the CRC32C sits at `CKPT_HEADER + image length`).
+pub const CKPT_HEADER: usize = 4 + 8 + 8 + 8 + 8 + 4;
 
 impl Checkpoint {
     pub fn encode(&self) -> Vec<u8> {
@@ -762,7 +793,8 @@ impl Checkpoint {
                 "no checkpoint here (magic {magic:#010x})"
             )));
         }
-        let _ = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        // fs_id, seq, tid and journal_pos: decode checks them.
+        r.take(4 * 8)?;
         let len = r.u32()? as usize;
         Ok((CKPT_HEADER + len + 4).next_multiple_of(BLOCK_SIZE))
     }

@@ -32,6 +32,10 @@ use std::sync::{Arc, Weak};
 const PAGE: u64 = BLOCK_SIZE as u64;
 /// Journal blocks read per IO during replay.
 const REPLAY_WINDOW: u64 = 256;
+/// The largest checkpoint sequence and transaction number an image may hold: no run of
+/// commits reaches it (2^62 at a million a second take 146,000 years), and counting on
+/// from a forged larger one would overflow.
+const COUNTER_MAX: u64 = 1 << 62;
 
 #[derive(Clone, Debug, Default)]
 pub struct MkfsOptions {
@@ -123,6 +127,13 @@ pub struct Loaded {
 /// journal after it. `strict` (mount) fails on a record that does not apply; otherwise
 /// (fsck) the error is reported and replay stops there.
 pub fn load(q: &Arc<RequestQueue>, strict: bool) -> FsResult<Loaded> {
+    let (sb, warnings) = read_superblock(q)?;
+    load_after_superblock(q, sb, warnings, strict)
+}
+
+/// The first valid superblock copy, and what was wrong with the others. An error here
+/// means the device holds no wbstack filesystem (or cannot be read): fsck's exit 8.
+pub fn read_superblock(q: &Arc<RequestQueue>) -> FsResult<(Superblock, Vec<String>)> {
     let nr = device_blocks(q)?;
     let mut warnings = Vec::new();
     let mut sb = None;
@@ -143,14 +154,22 @@ pub fn load(q: &Arc<RequestQueue>, strict: bool) -> FsResult<Loaded> {
             }
         }
     }
-    let sb = match sb {
-        Some(s) => s,
-        None => {
-            return Err(FsError::Format(first_err.unwrap_or(
-                FormatError::Truncated("device (too small to hold a superblock)"),
-            )))
-        }
-    };
+    match sb {
+        Some(s) => Ok((s, warnings)),
+        None => Err(FsError::Format(first_err.unwrap_or(
+            FormatError::Truncated("device (too small to hold a superblock)"),
+        ))),
+    }
+}
+
+/// [`load`] once the superblock is known.
+pub fn load_after_superblock(
+    q: &Arc<RequestQueue>,
+    sb: Superblock,
+    mut warnings: Vec<String>,
+    strict: bool,
+) -> FsResult<Loaded> {
+    let nr = device_blocks(q)?;
     if sb.nr_blocks > nr {
         return Err(FsError::Corrupt(format!(
             "the filesystem spans {} blocks but the device has only {nr} (a truncated image?)",
@@ -174,6 +193,12 @@ pub fn load(q: &Arc<RequestQueue>, strict: bool) -> FsResult<Loaded> {
             let c = Checkpoint::decode(&all).map_err(|e| e.to_string())?;
             if c.fs_id != sb.fs_id {
                 return Err(format!("belongs to another filesystem ({:#x})", c.fs_id));
+            }
+            if c.seq > COUNTER_MAX || c.tid > COUNTER_MAX {
+                return Err(format!(
+                    "sequence {} or transaction {} is beyond any count of commits",
+                    c.seq, c.tid
+                ));
             }
             if c.journal_pos >= sb.journal_blocks {
                 return Err(format!(
@@ -216,6 +241,41 @@ pub fn load(q: &Arc<RequestQueue>, strict: bool) -> FsResult<Loaded> {
         warnings,
         replay_error,
     })
+}
+
+/// What mount does to a loaded image whose metadata passed `Meta::check` (operations
+/// rely on every invariant, so an image breaking one is refused, never half-trusted)
+/// before it writes anything: delete the orphans, then encode the new checkpoint, which
+/// must fit the slot it goes to. fsck runs the same steps, so an image fsck finds clean
+/// mounts. Returns the orphans deleted and the encoded checkpoint (seq and slot after
+/// `l`'s); the error names what is wrong.
+pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Vec<u8>), String> {
+    let orphans: Vec<u64> = l.meta.orphans.iter().copied().collect();
+    for ino in &orphans {
+        l.meta
+            .apply(
+                &super::format::Record::Delete { ino: *ino },
+                ApplyMode::Replay,
+            )
+            .map_err(|e| format!("orphan {ino}: {e}"))?;
+    }
+    let slot = 1 - l.ckpt_slot;
+    let ckpt = Checkpoint {
+        fs_id: l.sb.fs_id,
+        seq: l.ckpt_seq + 1,
+        tid: l.last_tid,
+        journal_pos: 0,
+        image: l.meta.encode_image(),
+    }
+    .encode();
+    let room = l.sb.checkpoint[slot].1 * PAGE;
+    if ckpt.len() as u64 > room {
+        return Err(format!(
+            "the metadata ({} bytes) no longer fits checkpoint slot {slot} ({room} bytes)",
+            ckpt.len()
+        ));
+    }
+    Ok((orphans, ckpt))
 }
 
 /// Apply the transactions after checkpoint `tid` found from journal block `pos` on.
@@ -309,28 +369,16 @@ impl Volume {
     /// starts empty), start the committer and the flusher.
     pub fn mount(q: Arc<RequestQueue>, opts: MountOptions) -> FsResult<Volume> {
         let mut l = load(&q, true)?;
-        let orphans: Vec<u64> = l.meta.orphans.iter().copied().collect();
-        for ino in &orphans {
-            l.meta
-                .apply(
-                    &super::format::Record::Delete { ino: *ino },
-                    ApplyMode::Replay,
-                )
-                .map_err(|e| FsError::Corrupt(format!("orphan {ino}: {e}")))?;
+        let problems = l.meta.check();
+        if let Some(first) = problems.first() {
+            return Err(FsError::Corrupt(format!(
+                "{first} ({} problem(s) in all)",
+                problems.len()
+            )));
         }
+        let (orphans, ckpt) = prepare_mount(&mut l).map_err(FsError::Corrupt)?;
         let slot = 1 - l.ckpt_slot;
         let seq = l.ckpt_seq + 1;
-        let ckpt = Checkpoint {
-            fs_id: l.sb.fs_id,
-            seq,
-            tid: l.last_tid,
-            journal_pos: 0,
-            image: l.meta.encode_image(),
-        }
-        .encode();
-        if ckpt.len() as u64 > l.sb.checkpoint[slot].1 * PAGE {
-            return Err(FsError::NoSpace);
-        }
         q.write_sync(
             sector(l.sb.checkpoint[slot].0),
             IoBuf::from_slice(&ckpt),

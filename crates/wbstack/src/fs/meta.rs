@@ -20,6 +20,9 @@ pub const ROOT_INO: u64 = 1;
 pub const NAME_MAX: usize = 255;
 /// A symlink target is at most one block (PATH_MAX-like).
 pub const TARGET_MAX: usize = BLOCK_SIZE;
+/// The largest file size (the kernel's MAX_LFS_FILESIZE, i64::MAX): offsets past it
+/// do not fit the VFS's loff_t, and byte arithmetic on sizes stays far from overflow.
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -233,9 +236,13 @@ impl Meta {
                         "create of inode {ino}, which exists or is reserved"
                     ));
                 }
+                // The last number stays unused: next_ino must be able to pass every inode.
+                let Some(next) = ino.checked_add(1) else {
+                    return bad(format!("create of inode {ino}, past the last inode number"));
+                };
                 self.inodes
                     .insert(*ino, Inode::new(*kind, *m, *uid, *gid, *time_ns));
-                self.next_ino = self.next_ino.max(ino + 1);
+                self.next_ino = self.next_ino.max(next);
                 self.image_bytes += INODE_FIXED_BYTES;
             }
             Record::Link { parent, name, ino } => {
@@ -254,6 +261,9 @@ impl Meta {
                 }
                 if child_is_dir && self.get(*ino)?.links > 0 {
                     return bad(format!("second link to directory {ino}"));
+                }
+                if self.get(*ino)?.links == u32::MAX {
+                    return bad(format!("link to inode {ino}, whose link count is full"));
                 }
                 let p = self.get_mut(*parent)?;
                 p.entries.insert(name.clone(), *ino);
@@ -433,6 +443,12 @@ impl Meta {
             }
             Record::SetXattr { ino, name, value } => {
                 let i = self.get_mut(*ino)?;
+                if !user_xattr_allowed(i.kind, name) {
+                    return bad(format!(
+                        "a user.* extended attribute set on inode {ino}, a {:?}",
+                        i.kind
+                    ));
+                }
                 let old = i.extra_bytes();
                 i.xattrs.insert(name.clone(), value.clone());
                 let new = i.extra_bytes();
@@ -583,9 +599,25 @@ impl Meta {
             let ne = r.u32()?;
             for _ in 0..ne {
                 let (f, s, l) = (r.u64()?, r.u64()?, r.u64()?);
-                if l == 0 || i.extents.insert(f, (s, l)).is_some() {
+                // Every later sum over an extent (its file end, its device end) is then
+                // free of overflow; where it lies on the device is `check`'s business.
+                if l == 0
+                    || f.checked_add(l).is_none()
+                    || s.checked_add(l).is_none()
+                    || i.extents.insert(f, (s, l)).is_some()
+                {
                     return bad(format!("inode {ino} has a bad extent at file block {f}"));
                 }
+            }
+            // Extents are stored in file order; each must end before the next begins.
+            let mut file_end = 0;
+            for (&f, &(_, l)) in &i.extents {
+                if f < file_end {
+                    return bad(format!(
+                        "inode {ino} maps file block {f} twice (overlapping extents)"
+                    ));
+                }
+                file_end = f + l;
             }
             let nd = r.u32()?;
             for _ in 0..nd {
@@ -594,8 +626,10 @@ impl Meta {
                     return bad(format!("directory {ino} has an invalid entry name"));
                 }
                 let c = r.u64()?;
+                if i.entries.insert(name, c).is_some() {
+                    return bad(format!("directory {ino} holds the same name twice"));
+                }
                 parents.push((c, ino));
-                i.entries.insert(name, c);
             }
             i.target = r.bytes()?.to_vec();
             if inodes.insert(ino, i).is_some() {
@@ -638,6 +672,7 @@ impl Meta {
             if nx > buf.len() as u64 / 16 {
                 return bad(format!("the image claims {nx} inodes with extras"));
             }
+            let mut with_extras = BTreeSet::new();
             for _ in 0..nx {
                 let ino = r.u64()?;
                 let rdev = r.u32()?;
@@ -645,6 +680,9 @@ impl Meta {
                 let Some(i) = inodes.get_mut(&ino) else {
                     return bad(format!("extras for inode {ino}, which does not exist"));
                 };
+                if !with_extras.insert(ino) {
+                    return bad(format!("extras for inode {ino} appear twice"));
+                }
                 i.rdev = rdev;
                 for _ in 0..n {
                     let name = super::format::xattr_name(&mut r)?;
@@ -652,7 +690,11 @@ impl Meta {
                     if value.len() > super::format::XATTR_SIZE_MAX {
                         return bad(format!("inode {ino} has an oversized extended attribute"));
                     }
-                    i.xattrs.insert(name, value.to_vec());
+                    if i.xattrs.insert(name, value.to_vec()).is_some() {
+                        return bad(format!(
+                            "inode {ino} holds the same extended attribute twice"
+                        ));
+                    }
                 }
             }
         }
@@ -708,23 +750,49 @@ impl Meta {
             }
             let limit = i.size.div_ceil(BLOCK_SIZE as u64);
             if let Some((&f, &(_, l))) = i.extents.iter().next_back() {
-                if f + l > limit {
+                if f.saturating_add(l) > limit {
                     p.push(format!(
                         "inode {ino}: file blocks up to {} are mapped but the size is {} bytes",
-                        f + l,
+                        f.saturating_add(l),
                         i.size
                     ));
                 }
             }
+            if i.size > MAX_FILE_SIZE {
+                p.push(format!(
+                    "inode {ino}: size {} is beyond the largest file ({MAX_FILE_SIZE} bytes)",
+                    i.size
+                ));
+            }
+            if i.kind != InodeKind::Symlink && !i.target.is_empty() {
+                p.push(format!("inode {ino}: a {:?} with a symlink target", i.kind));
+            }
+            if i.target.len() > TARGET_MAX {
+                p.push(format!(
+                    "symlink {ino}: a target of {} bytes (at most {TARGET_MAX})",
+                    i.target.len()
+                ));
+            }
+            if i.xattrs.keys().any(|n| !user_xattr_allowed(i.kind, n)) {
+                p.push(format!(
+                    "inode {ino}: a {:?} with user.* extended attributes",
+                    i.kind
+                ));
+            }
+            if i.rdev != 0 && !matches!(i.kind, InodeKind::CharDev | InodeKind::BlockDev) {
+                p.push(format!("inode {ino}: a {:?} with a device number", i.kind));
+            }
         }
         used.sort_unstable();
+        // Sums saturate: the extents checked here may be anything an image held.
+        let end_of = |s: u64, l: u64| s.saturating_add(l);
         for w in used.windows(2) {
             let (a, b) = (w[0], w[1]);
-            if a.0 + a.1 > b.0 {
+            if end_of(a.0, a.1) > b.0 {
                 p.push(format!(
                     "blocks {}..{} belong to both inode {} and inode {}",
                     b.0,
-                    (a.0 + a.1).min(b.0 + b.1),
+                    end_of(a.0, a.1).min(end_of(b.0, b.1)),
                     a.2,
                     b.2
                 ));
@@ -733,22 +801,22 @@ impl Meta {
         // Free space is exactly the complement of what is used.
         let mut free_blocks = 0u64;
         for (s, l) in self.alloc.space().extents() {
-            free_blocks += l;
-            let lo = used.partition_point(|u| u.0 + u.1 <= s);
+            free_blocks = free_blocks.saturating_add(l);
+            let lo = used.partition_point(|u| end_of(u.0, u.1) <= s);
             if let Some(u) = used.get(lo) {
-                if u.0 < s + l {
+                if u.0 < end_of(s, l) {
                     p.push(format!(
                         "blocks {}..{} are marked free but belong to inode {}",
                         u.0.max(s),
-                        (u.0 + u.1).min(s + l),
+                        end_of(u.0, u.1).min(end_of(s, l)),
                         u.2
                     ));
                 }
             }
         }
-        let used_blocks: u64 = used.iter().map(|u| u.1).sum();
+        let used_blocks = used.iter().fold(0u64, |n, u| n.saturating_add(u.1));
         let total = end.saturating_sub(first);
-        if free_blocks + used_blocks < total {
+        if free_blocks.saturating_add(used_blocks) < total {
             p.push(format!(
                 "{} blocks are neither free nor used by any inode (leaked)",
                 total - free_blocks - used_blocks
@@ -804,6 +872,10 @@ impl Meta {
             match self.inodes.get(o) {
                 None => p.push(format!("orphan {o} does not exist")),
                 Some(i) if i.links != 0 => p.push(format!("orphan {o} still has names")),
+                // Mount deletes orphans, and a directory only once it is empty.
+                Some(i) if !i.entries.is_empty() => {
+                    p.push(format!("orphan directory {o} is not empty"))
+                }
                 _ => {}
             }
         }
@@ -830,6 +902,12 @@ impl Meta {
         }
         p
     }
+}
+
+/// user.* attributes live only on files and directories (as `perm::xattr` rules, after
+/// the kernel): elsewhere one could be listed but never read.
+fn user_xattr_allowed(kind: InodeKind, name: &[u8]) -> bool {
+    !name.starts_with(b"user.") || matches!(kind, InodeKind::File | InodeKind::Dir)
 }
 
 /// A valid directory-entry name: 1..=255 bytes, no '/', no NUL, not "." or "..".

@@ -10,12 +10,15 @@
 //!   the VFS (and the FUSE front end) calls them; `perm`: who may do what.
 //! - `journal`: mkfs, mount and recovery, the committer (group commit, checkpoints).
 //! - `fsck`: the offline checker.
+//! - `fuzz` (hidden): the harness of the fuzz targets and of the regression corpus test.
 
 pub mod alloc;
 pub mod error;
 pub mod flush;
 pub mod format;
 pub mod fsck;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod journal;
 pub mod meta;
 pub mod ops;
