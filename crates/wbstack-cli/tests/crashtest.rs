@@ -956,6 +956,15 @@ fn a_cut_during_syncs_plug_flush_does_not_deadlock() {
     drop(b);
 }
 
+/// ftruncate(`path`, 0) through a handle of its own, on another thread.
+fn truncate_to_zero_in_a_thread(
+    v: &Arc<Volume>,
+    path: &'static str,
+) -> std::thread::JoinHandle<wbstack::fs::FsResult<()>> {
+    let v = v.clone();
+    std::thread::spawn(move || v.open(path, &OpenOptions::read_write())?.set_len(0))
+}
+
 /// Found by crashtest (seed 3411, replayed from its file): a truncation to zero made
 /// while an fsync of an extending write was in flight left, after a cut, the file as it
 /// was before the write: neither the fsynced size nor empty.
@@ -978,13 +987,7 @@ fn a_truncation_to_zero_during_an_fsync_keeps_the_fsynced_write_or_the_truncatio
             assert!(Instant::now() < deadline, "the fsync sent nothing");
             std::thread::yield_now();
         }
-        let tr = {
-            let v = v.clone();
-            std::thread::spawn(move || {
-                let g = v.open("/f", &OpenOptions::read_write()).unwrap();
-                g.set_len(0)
-            })
-        };
+        let tr = truncate_to_zero_in_a_thread(&v, "/f");
         // Let the truncation reach its wait on the held writes (or not: both orders
         // are tried across rounds).
         for _ in 0..round * 50 {
@@ -1083,13 +1086,7 @@ fn a_truncation_to_zero_after_a_partial_block_truncation_keeps_the_head_or_empti
         // while the truncation to zero runs, in some rounds past the cut's own return.
         sim(&q).hold(true);
         f.set_len(5 * 4096 + 3 * 512).unwrap();
-        let tr = {
-            let v = v.clone();
-            std::thread::spawn(move || {
-                let g = v.open("/f", &OpenOptions::read_write()).unwrap();
-                g.set_len(0)
-            })
-        };
+        let tr = truncate_to_zero_in_a_thread(&v, "/f");
         for _ in 0..round * 40 {
             std::thread::yield_now();
         }
