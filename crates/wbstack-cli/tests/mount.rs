@@ -932,4 +932,20 @@ fn a_library_soak_is_clean() {
     assert!(v["failures"].as_array().unwrap().is_empty(), "{v}");
     assert!(v["check_problems"].as_array().unwrap().is_empty(), "{v}");
     assert!(v["fsyncs"].as_u64().unwrap() > 100, "{v}");
+    // The slowest operation is named, one of the kinds the soak runs.
+    let slowest = v["slowest_op"].as_str().unwrap();
+    assert!(
+        [
+            "create",
+            "append",
+            "overwrite",
+            "truncate",
+            "fsync",
+            "rename",
+            "delete",
+            "read"
+        ]
+        .contains(&slowest),
+        "{v}"
+    );
 }

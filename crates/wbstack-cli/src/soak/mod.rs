@@ -438,7 +438,7 @@ fn step(
 
 pub fn print(r: &SoakReport) {
     println!(
-        "soak on {}: {:.0} s, {} ops, {} MiB written, {} MiB read, {} fsyncs, max latency {:.1} ms, max RSS {} MiB (bound {} MiB)",
+        "soak on {}: {:.0} s, {} ops, {} MiB written, {} MiB read, {} fsyncs, max latency {:.1} ms ({}), max RSS {} MiB (bound {} MiB)",
         r.target,
         r.seconds,
         r.ops,
@@ -446,6 +446,7 @@ pub fn print(r: &SoakReport) {
         r.bytes_read >> 20,
         r.fsyncs,
         r.max_latency_ms,
+        r.slowest_op,
         r.max_rss_bytes >> 20,
         r.rss_bound_bytes >> 20
     );
