@@ -132,6 +132,10 @@ pub struct DirtyReport {
     pub device_write_mib_s: f64,
     pub device_busy_pct: f64,
     pub write_bandwidth_est_mib_s: f64,
+    /// Buffered reads of pages already in the cache, in `bs` reads, after the writer.
+    pub cached_read_mib_s: f64,
+    /// Bytes the timed cached read pass read from the device (0: every page was cached).
+    pub cached_read_device_bytes: u64,
     /// (ms since start, dirty pages, writeback pages), every 100 ms.
     pub samples: Vec<(u64, u64, u64)>,
 }
@@ -217,8 +221,9 @@ pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<Dirty
     let (samples, peak) = sampler.join().map_err(|_| "sampler thread failed")?;
     let total_secs = t0.elapsed().as_secs_f64();
     let s = bdi.stats();
-    f.close().map_err(|e| e.to_string())?;
     v.sync().map_err(|e| e.to_string())?;
+    let read = cached_read(&f, &q, size.min(cache_bytes / 2), bs)?;
+    f.close().map_err(|e| e.to_string())?;
     let mib = (1u64 << 20) as f64;
     let mut pause_hist: Vec<(String, u64)> = PAUSE_BUCKETS_MS
         .iter()
@@ -247,7 +252,48 @@ pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<Dirty
         device_write_mib_s: dev.sectors[1] as f64 * 512.0 / throttled_secs.max(1e-9) / mib,
         device_busy_pct: dev.io_ticks_ms as f64 / (throttled_secs * 1000.0).max(1e-9) * 100.0,
         write_bandwidth_est_mib_s: s.avg_write_bandwidth as f64 * 4096.0 / mib,
+        cached_read_mib_s: read.bytes as f64 / read.secs.max(1e-9) / mib,
+        cached_read_device_bytes: read.device_bytes,
         samples,
+    })
+}
+
+struct CachedRead {
+    bytes: u64,
+    secs: f64,
+    device_bytes: u64,
+}
+
+/// Read the first `len` bytes of `f` in `bs` reads: once to bring every page into the
+/// cache, then timed, counting what the timed pass still took from the device.
+fn cached_read(
+    f: &wbstack::fs::File,
+    q: &wbstack::block::queue::RequestQueue,
+    len: u64,
+    bs: u64,
+) -> Result<CachedRead, String> {
+    let mut buf = vec![0u8; bs as usize];
+    let pass = |buf: &mut [u8]| -> Result<u64, String> {
+        let mut off = 0u64;
+        while off < len {
+            let n = bs.min(len - off) as usize;
+            match f.read_at(off, &mut buf[..n]).map_err(|e| e.to_string())? {
+                0 => break,
+                got => off += got as u64,
+            }
+        }
+        Ok(off)
+    };
+    pass(&mut buf)?;
+    let before = q.diskstats();
+    let t = Instant::now();
+    let bytes = pass(&mut buf)?;
+    let secs = t.elapsed().as_secs_f64();
+    let dev = q.diskstats().delta(&before);
+    Ok(CachedRead {
+        bytes,
+        secs,
+        device_bytes: dev.sectors[0] * 512,
     })
 }
 
@@ -262,6 +308,10 @@ pub fn print_dirty(r: &DirtyReport) {
     println!(
         "  buffered write below the background threshold: {:.0} MiB/s",
         r.cache_write_mib_s
+    );
+    println!(
+        "  buffered read of cached pages: {:.0} MiB/s ({} bytes from the device)",
+        r.cached_read_mib_s, r.cached_read_device_bytes
     );
     println!(
         "  thresholds (pages): background {}  setpoint {}  limit {}   dirty peak {} ({:.1}% of limit)",

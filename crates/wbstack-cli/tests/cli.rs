@@ -211,9 +211,12 @@ fn bench_smallfiles_and_dirty_json() {
         "dirty_limit_pages",
         "pause_max_ms",
         "device_write_mib_s",
+        "cached_read_mib_s",
     ] {
         assert!(v[k].as_f64().is_some(), "{k} missing: {v}");
     }
+    // The timed read pass finds every page in the cache.
+    assert_eq!(v["cached_read_device_bytes"].as_u64(), Some(0), "{v}");
     let limit = v["dirty_limit_pages"].as_u64().unwrap();
     assert!(v["dirty_peak_pages"].as_u64().unwrap() <= limit + limit / 32 + 256);
     assert!(v["pause_max_ms"].as_f64().unwrap() <= 200.0);

@@ -576,3 +576,49 @@ fn a_page_dirtied_while_its_inode_is_found_clean_is_not_forgotten() {
         "the re-dirtied inode was left off the lists: sync never wrote it"
     );
 }
+
+#[test]
+fn a_long_write_counts_every_page_once_across_its_batches() {
+    // 300 pages: several of write_at's lock-hold batches, with a partial page at each
+    // end; the middle of the file is then rewritten across a partial page that must be
+    // read back first (after eviction), which ends a batch early.
+    let v = volume(
+        "sim:ssd,size=64M,iops=1000000,bw=10G,lat=1us",
+        CacheConfig::default(),
+        quiet_wb(true),
+        1024,
+    );
+    let f = v.file(0);
+    let data: Vec<u8> = (0..300 * PAGE_SIZE + 1000)
+        .map(|k| (k % 251) as u8)
+        .collect();
+    f.write_at(100, &data).unwrap();
+    let pages = (100 + data.len()).div_ceil(PAGE_SIZE) as u64;
+    assert_eq!(f.nr_dirty(), pages);
+    assert_eq!(f.nr_pages() as u64, pages);
+    assert_eq!(v.cache.nr_pages(), pages);
+    assert_eq!(v.cache.nr_dirty(), pages);
+    assert_eq!(v.bdi.nr_dirty(), pages);
+    assert_eq!(f.size(), 100 + data.len() as u64);
+    v.bdi.sync().unwrap();
+    assert_eq!(v.cache.nr_dirty(), 0);
+    assert_eq!(v.bdi.nr_dirty(), 0);
+
+    // Rewrite from the middle of page 10 to the middle of page 150 of the evicted file:
+    // both partial pages are read first, the pages between are replaced.
+    let f = v.evict(0, f.size()).unwrap();
+    let patch = vec![0xeeu8; 140 * PAGE_SIZE];
+    let at = 10 * PAGE_SIZE as u64 + 2048;
+    f.write_at(at, &patch).unwrap();
+    assert_eq!(f.nr_dirty(), 141);
+    assert_eq!(v.cache.nr_dirty(), 141);
+    let mut out = vec![0u8; 300 * PAGE_SIZE + 1100];
+    let n = f.read_at(0, &mut out).unwrap();
+    assert_eq!(n, 100 + data.len());
+    let mut want = vec![0u8; 100];
+    want.extend_from_slice(&data);
+    want[at as usize..at as usize + patch.len()].copy_from_slice(&patch);
+    assert!(out[..n] == want[..], "content after the rewrite");
+    v.bdi.sync().unwrap();
+    assert_eq!(v.cache.nr_dirty(), 0);
+}

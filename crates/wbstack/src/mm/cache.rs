@@ -236,6 +236,24 @@ struct Inner {
     as_err: Option<i32>,
 }
 
+/// Pages one `write_at` fills under one hold of the mapping's lock.
+const WRITE_BATCH_PAGES: usize = 64;
+
+/// What a batch of `write_at` did that others must learn (`Mapping::publish`).
+#[derive(Default)]
+struct WriteBatch {
+    /// Pages handled under the current hold.
+    pages: usize,
+    /// Pages inserted, for the LRU.
+    fresh: Vec<u64>,
+    /// Pages made dirty and not yet counted globally.
+    dirtied: u64,
+    /// Pages made dirty by the whole write (for throttling).
+    total_dirtied: u64,
+    /// The batch made the inode's first dirty page.
+    queue_inode: bool,
+}
+
 /// One inode's pages.
 pub struct Mapping {
     ino: u64,
@@ -321,19 +339,6 @@ impl Mapping {
         });
     }
 
-    /// Mark a page dirty; returns whether it was clean.
-    fn set_dirty(&self, inner: &mut Inner, index: u64) -> bool {
-        let p = inner.pages.get_mut(&index).expect("page present");
-        if p.dirty {
-            return false;
-        }
-        p.dirty = true;
-        inner.nr_dirty += 1;
-        self.cache().nr_dirty.fetch_add(1, Ordering::Relaxed);
-        self.bdi.account_dirtied(1);
-        true
-    }
-
     fn clear_dirty(&self, p: &mut Page, nr_dirty: &mut u64) {
         if p.dirty {
             p.dirty = false;
@@ -346,6 +351,10 @@ impl Mapping {
 
     /// Buffered write of `data` at byte `off`. Partial pages inside the file are read
     /// first (read-modify-write); the writer is then throttled (never made to write).
+    ///
+    /// Pages are filled in batches under one hold of the mapping's lock, with their
+    /// LRU entries and the global dirty counts published once per batch: per page, the
+    /// lock, the LRU lock and four shared counters cost as much as the copy itself.
     pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize, BlkError> {
         if data.is_empty() {
             return Ok(0);
@@ -354,71 +363,119 @@ impl Mapping {
         let last = (off + data.len() as u64 - 1) / PAGE_SIZE as u64;
         self.ops.prepare_write(self.ino, first, last - first + 1)?;
         let mut done = 0usize;
-        let mut newly_dirty = 0u64;
-        let mut became_dirty = false;
+        let mut batch = WriteBatch::default();
+        let mut inner = self.inner.lock();
         while done < data.len() {
             let pos = off + done as u64;
             let index = pos / PAGE_SIZE as u64;
             let in_page = (pos % PAGE_SIZE as u64) as usize;
             let n = (PAGE_SIZE - in_page).min(data.len() - done);
             let partial = in_page != 0 || n != PAGE_SIZE;
-            let mut inner = self.inner.lock();
-            if !inner.pages.contains_key(&index) {
-                let page_start = index * PAGE_SIZE as u64;
-                if partial && page_start < inner.size {
-                    drop(inner);
-                    self.read_pages(index, 1)?;
-                    inner = self.inner.lock();
-                    inner = self.wait_page_read(inner, index)?;
-                } else if !partial {
-                    // Fully overwritten: built from the data, never zeroed first.
-                    self.insert_page_with(
-                        &mut inner,
-                        index,
-                        Page::with_data(&data[done..done + n]),
-                    );
-                } else {
-                    // A partial page at or past EOF: the rest of it reads as zeros.
-                    self.insert_page(&mut inner, index);
-                    inner.pages.get_mut(&index).unwrap().uptodate = true;
-                }
-            } else {
-                inner = self.wait_page_read(inner, index)?;
-                if partial && !inner.pages[&index].uptodate {
-                    drop(inner);
-                    self.read_pages(index, 1)?;
-                    inner = self.inner.lock();
-                    inner = self.wait_page_read(inner, index)?;
-                }
+            if batch.pages >= WRITE_BATCH_PAGES {
+                // Let writeback and readers in between batches of a long write.
+                self.publish(&mut batch);
+                drop(inner);
+                self.queue_inode(&mut batch);
+                inner = self.inner.lock();
             }
+            match inner.pages.get(&index) {
+                None if partial && index * (PAGE_SIZE as u64) < inner.size => {
+                    self.publish(&mut batch);
+                    drop(inner);
+                    self.queue_inode(&mut batch);
+                    self.read_pages(index, 1)?;
+                    inner = self.wait_page_read(self.inner.lock(), index)?;
+                }
+                None if !partial => {
+                    // Fully overwritten: built from the data, never zeroed first.
+                    let page = Page::with_data(&data[done..done + n]);
+                    inner.pages.insert(index, page);
+                    batch.fresh.push(index);
+                }
+                None => {
+                    // A partial page at or past EOF: the rest of it reads as zeros.
+                    let mut page = Page::new();
+                    page.uptodate = true;
+                    inner.pages.insert(index, page);
+                    batch.fresh.push(index);
+                }
+                Some(p) if p.reading || (partial && !p.uptodate) => {
+                    self.publish(&mut batch);
+                    inner = self.wait_page_read(inner, index)?;
+                    if partial && !inner.pages[&index].uptodate {
+                        drop(inner);
+                        self.read_pages(index, 1)?;
+                        inner = self.wait_page_read(self.inner.lock(), index)?;
+                    }
+                }
+                Some(_) => {}
+            }
+            let was_clean_inode = inner.nr_dirty == 0;
             {
-                let p = inner.pages.get_mut(&index).unwrap();
+                let Some(p) = inner.pages.get_mut(&index) else {
+                    debug_assert!(false, "page {index} of inode {} vanished", self.ino);
+                    return Err(BlkError::Io);
+                };
                 p.buf.as_mut_slice()[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
                 p.uptodate = true;
                 p.referenced = true;
-            }
-            let was_clean_inode = inner.nr_dirty == 0;
-            if self.set_dirty(&mut inner, index) {
-                newly_dirty += 1;
-                became_dirty |= was_clean_inode;
+                if !p.dirty {
+                    p.dirty = true;
+                    inner.nr_dirty += 1;
+                    batch.dirtied += 1;
+                    batch.queue_inode |= was_clean_inode;
+                }
             }
             let end = pos + n as u64;
             if end > inner.size {
                 inner.size = end;
             }
-            drop(inner);
-            if became_dirty {
-                // __mark_inode_dirty: only the clean→dirty transition queues the inode.
-                self.bdi.mark_inode_dirty(self.arc());
-                became_dirty = false;
-            }
+            batch.pages += 1;
             done += n;
         }
+        self.publish(&mut batch);
+        drop(inner);
+        self.queue_inode(&mut batch);
+        let dirtied = batch.total_dirtied;
         self.cache().reclaim();
-        if newly_dirty > 0 {
-            self.bdi.balance_dirty_pages(newly_dirty);
+        if dirtied > 0 {
+            self.bdi.balance_dirty_pages(dirtied);
         }
         Ok(done)
+    }
+
+    /// Make a batch of `write_at` visible: the new pages join the LRU and the global
+    /// count, the dirtied ones the dirty counts. Called with the mapping's lock held,
+    /// before anyone else can see the pages: writeback cleaning a page before its
+    /// dirtying was counted would take the global count below zero.
+    fn publish(&self, batch: &mut WriteBatch) {
+        let cache = self.cache();
+        if !batch.fresh.is_empty() {
+            cache
+                .nr_pages
+                .fetch_add(batch.fresh.len() as u64, Ordering::Relaxed);
+            let mut lru = cache.lru.lock();
+            lru.extend(batch.fresh.drain(..).map(|index| LruEntry {
+                mapping: self.me.clone(),
+                index,
+            }));
+        }
+        if batch.dirtied > 0 {
+            cache.nr_dirty.fetch_add(batch.dirtied, Ordering::Relaxed);
+            self.bdi.account_dirtied(batch.dirtied);
+            batch.total_dirtied += batch.dirtied;
+            batch.dirtied = 0;
+        }
+        batch.pages = 0;
+    }
+
+    /// __mark_inode_dirty for a batch that dirtied the inode's first page: only the
+    /// clean→dirty transition queues it. Called without the mapping's lock: the bdi's
+    /// lists lock is taken before a mapping's lock, never inside it.
+    fn queue_inode(&self, batch: &mut WriteBatch) {
+        if std::mem::take(&mut batch.queue_inode) {
+            self.bdi.mark_inode_dirty(self.arc());
+        }
     }
 
     /// Wait until `index` is not being read; error if the read failed (page gone).
