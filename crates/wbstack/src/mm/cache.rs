@@ -895,11 +895,9 @@ impl Mapping {
             let mut it = pages.into_iter();
             let mut idx = start;
             for (sector, cnt) in map {
-                let mut buf = IoBuf::zeroed(cnt as usize * PAGE_SIZE);
-                for (j, pg) in it.by_ref().take(cnt as usize).enumerate() {
-                    buf.as_mut_slice()[j * PAGE_SIZE..(j + 1) * PAGE_SIZE]
-                        .copy_from_slice(pg.as_slice());
-                }
+                let run: Vec<IoBuf> = it.by_ref().take(cnt as usize).collect();
+                debug_assert_eq!(run.len() as u64, cnt, "the map covers more than the run");
+                let buf = IoBuf::concat(run.iter().map(IoBuf::as_slice));
                 let bio = Bio::write(sector, buf)
                     .with_flags(flags)
                     .with_end_io(Arc::new(WriteEnd {
