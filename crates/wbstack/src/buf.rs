@@ -231,7 +231,7 @@ mod tests {
     fn concat_holds_the_parts_in_order() {
         let a: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
         let b = vec![7u8; 4096];
-        let c = vec![9u8; 100];
+        let c = [9u8; 100];
         let big = IoBuf::concat([&a[..], &b[..], &c[..]].into_iter());
         assert_eq!(big.len(), 8292);
         assert_eq!(big.as_ptr() as usize % IO_ALIGN, 0);
