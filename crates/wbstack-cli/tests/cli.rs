@@ -212,6 +212,7 @@ fn bench_smallfiles_and_dirty_json() {
         "pause_max_ms",
         "device_write_mib_s",
         "cached_read_mib_s",
+        "cached_rewrite_mib_s",
     ] {
         assert!(v[k].as_f64().is_some(), "{k} missing: {v}");
     }

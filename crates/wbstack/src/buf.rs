@@ -132,6 +132,12 @@ impl Drop for IoBuf {
 /// here (memalign), which would cap buffered writes near 250 MiB/s. Slabs are never
 /// returned to the system; the pool is bounded by the peak number of live pages (the
 /// page cache's size plus IO in flight).
+///
+/// Fresh memory costs about twice the copy into it (a fault, a memcg charge and a clear
+/// per 4 KiB page). Neither huge pages nor a thread populating slabs ahead of need
+/// helped on this VM: the host takes freed huge pages back (free page reporting) and
+/// touching them again ran at 0.4 GB/s, and a second thread populating contended with
+/// the writer for the same kernel locks. Recycled pages are the fast path.
 mod pool {
     use super::IO_ALIGN;
     use parking_lot::Mutex;
@@ -149,61 +155,29 @@ mod pool {
             // SAFETY: only non-null page addresses are ever pushed.
             return unsafe { NonNull::new_unchecked(p as *mut u8) };
         }
-        let slab = map_slab();
-        let base = slab.as_ptr() as usize;
-        free.extend((1..SLAB_PAGES).map(|i| base + i * IO_ALIGN));
-        slab
-    }
-
-    /// A new 2 MiB slab, 2 MiB-aligned and backed by a transparent huge page where the
-    /// system allows it: first touch of fresh memory is the cost of filling an empty
-    /// page cache (a fault, a memcg charge and a clear per 4 KiB page otherwise: about
-    /// half the time of a buffered write), and one huge page pays it once per 512 pages.
-    /// Where THP is off or no huge page is free, the slab is populated as small pages in
-    /// the same call, which is what the mapping did before.
-    fn map_slab() -> NonNull<u8> {
+        // One mmap that populates the whole slab: the kernel fills 512 pages in one
+        // call instead of taking 512 separate faults on first touch.
         let len = SLAB_PAGES * IO_ALIGN;
-        // Twice the length, so a 2 MiB-aligned slab lies inside; the rest is unmapped.
-        let span = 2 * len;
-        // SAFETY: an anonymous private mapping of `span` bytes; no existing memory is
+        // SAFETY: an anonymous private mapping of `len` bytes; no existing memory is
         // touched. The result is checked for MAP_FAILED.
-        let raw = unsafe {
+        let slab = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                span,
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
                 -1,
                 0,
             )
         };
-        if raw == libc::MAP_FAILED {
+        if slab == libc::MAP_FAILED {
             alloc::handle_alloc_error(Layout::from_size_align(len, IO_ALIGN).expect("slab layout"));
         }
-        let start = raw as usize;
-        let slab = start.next_multiple_of(len);
-        let (head, tail) = (slab - start, start + span - (slab + len));
-        // SAFETY: both ranges lie inside the mapping just made, outside [slab, slab+len),
-        // and nothing refers to them; unmapping a zero length is skipped.
-        unsafe {
-            if head > 0 {
-                libc::munmap(raw, head);
-            }
-            if tail > 0 {
-                libc::munmap((slab + len) as *mut libc::c_void, tail);
-            }
-        }
-        let p = slab as *mut libc::c_void;
-        // SAFETY: [slab, slab+len) is our own anonymous mapping; madvise only changes how
-        // the kernel backs it. Failure of either call is harmless (no THP on this system,
-        // or a kernel before 5.14 without POPULATE_WRITE): the pages then fault in on
-        // first touch, as with any allocation.
-        unsafe {
-            libc::madvise(p, len, libc::MADV_HUGEPAGE);
-            libc::madvise(p, len, libc::MADV_POPULATE_WRITE);
-        }
-        // SAFETY: slab is inside a successful mapping, so non-null.
-        unsafe { NonNull::new_unchecked(slab as *mut u8) }
+        let slab = slab as *mut u8;
+        let base = slab as usize;
+        free.extend((1..SLAB_PAGES).map(|i| base + i * IO_ALIGN));
+        // SAFETY: slab is non-null (checked above).
+        unsafe { NonNull::new_unchecked(slab) }
     }
 
     pub(super) fn put(p: NonNull<u8>) {

@@ -236,7 +236,8 @@ struct Inner {
     as_err: Option<i32>,
 }
 
-/// Pages one `write_at` fills under one hold of the mapping's lock.
+/// Pages one `write_at` fills, or one `read_at` copies, under one hold of the
+/// mapping's lock.
 const WRITE_BATCH_PAGES: usize = 64;
 
 /// What a batch of `write_at` did that others must learn (`Mapping::publish`).
@@ -553,9 +554,29 @@ impl Mapping {
                 p.referenced = true;
                 out[done..done + n].copy_from_slice(&p.buf.as_slice()[in_page..in_page + n]);
             }
-            inner.ra.next = index + 1;
-            drop(inner);
             done += n;
+            let mut next = index + 1;
+            // The pages that follow and need nothing (cached, up to date, not a
+            // readahead marker) are copied under the same hold of the lock, up to a
+            // batch: a lock per page cost as much as the copy.
+            let marker = inner.ra.marker;
+            let mut held = 1;
+            while done < len && held < WRITE_BATCH_PAGES && marker != Some(next) {
+                let Some(p) = inner.pages.get_mut(&next) else {
+                    break;
+                };
+                if !p.uptodate || p.reading {
+                    break;
+                }
+                let n = PAGE_SIZE.min(len - done);
+                p.referenced = true;
+                out[done..done + n].copy_from_slice(&p.buf.as_slice()[..n]);
+                done += n;
+                next += 1;
+                held += 1;
+            }
+            inner.ra.next = next;
+            drop(inner);
         }
         self.cache().reclaim();
         Ok(done)
