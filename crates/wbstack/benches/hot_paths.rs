@@ -87,6 +87,28 @@ fn page_cache(c: &mut Criterion) {
             total
         })
     });
+    // 1 MiB at once, the sizes of `bench dirty`: the per-batch locking and accounting.
+    let mib = vec![0x3cu8; 1 << 20];
+    let mut out_mib = vec![0u8; 1 << 20];
+    g.throughput(Throughput::Bytes(1 << 20));
+    g.bench_function("read_1m_cached", |b| {
+        b.iter(|| {
+            let n = m.read_at(black_box(0), &mut out_mib).unwrap();
+            assert_eq!(n, 1 << 20);
+        })
+    });
+    g.bench_function("write_1m_clean_pages", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                m.write_and_wait(0, u64::MAX).unwrap();
+                let t = Instant::now();
+                m.write_at(0, &mib).unwrap();
+                total += t.elapsed();
+            }
+            total
+        })
+    });
     g.finish();
     m.write_and_wait(0, u64::MAX).unwrap();
 }
