@@ -585,7 +585,9 @@ impl RequestQueue {
 
     /// Reap this thread's completions from the device, waiting up to `timeout_ns`
     /// (polled IO). Returns how many requests completed here; 0 when the device
-    /// completes on its own threads only.
+    /// completes on its own threads only. On the file device the first call gives the
+    /// thread its own ring: from then on its requests complete only when it polls or
+    /// waits in the block layer (see `dev::uring`).
     pub fn poll(&self, timeout_ns: u64) -> usize {
         plug::flush_plug();
         let h = (thread_idx() as usize % self.core.hctxs.len()) as u16;
