@@ -656,7 +656,8 @@ fn with_private(id: u64, slot: Slot) -> Option<Slot> {
 /// Poll this thread's private ring of `sh`, making it on the first call. None when
 /// the thread has no private ring holding requests (the caller polls the shared ring).
 fn poll_private(sh: &Arc<Shared>, timeout_ns: u64, finished: &mut Vec<Finished>) -> Option<usize> {
-    if sh.no_private.load(Ordering::Relaxed) {
+    if sh.no_private.load(Ordering::Relaxed) || sh.dropped.load(Ordering::Relaxed) {
+        // No new ring for a device being dropped (a completion callback polling it).
         return None;
     }
     let mut dead = Vec::new();
