@@ -85,6 +85,8 @@ pub struct BlkReport {
     pub bs: usize,
     pub jobs: usize,
     pub iodepth: usize,
+    /// Bios per plug (0: the whole free depth).
+    pub iodepth_batch: usize,
     pub iostats: IoStatsMode,
     pub ios: u64,
     pub wall_s: f64,
@@ -351,6 +353,7 @@ pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
         bs: job.bs,
         jobs: job.jobs,
         iodepth: job.iodepth,
+        iodepth_batch: job.batch,
         iostats: job.iostats,
         ios,
         wall_s: wall,
@@ -370,12 +373,13 @@ pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
 
 pub fn print_human(r: &BlkReport) {
     println!(
-        "blk: {} rw={} bs={} jobs={} iodepth={} iostats={} ({:.1} s)",
+        "blk: {} rw={} bs={} jobs={} iodepth={} batch={} iostats={} ({:.1} s)",
         r.device,
         r.rw.name(),
         r.bs,
         r.jobs,
         r.iodepth,
+        r.iodepth_batch,
         r.iostats,
         r.wall_s
     );
