@@ -821,3 +821,38 @@ fn private_ring_teardown_with_requests_in_flight() {
         assert_eq!(data_of(&rq), pattern(400 + rq.sector / 8, 4096));
     }
 }
+
+/// The short-IO path on a polling thread's own ring: the remainder goes back into the
+/// same ring (with its registered file) and the thread's polls complete the request.
+#[test]
+fn short_read_on_a_private_ring() {
+    let dir = tmpdir();
+    let Some((dev, path)) = device(dir.path(), "1M") else {
+        return;
+    };
+    let a = pattern(12, 16384);
+    run(&dev, write_rq(0, &a)).1.unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(10240)
+        .unwrap();
+    assert_eq!(dev.poll(0, 0), 0);
+    let before = dev.stats();
+    let c = Collector::new();
+    dev.queue_rq(
+        multi_rq(vec![Bio::read(0, 8192), Bio::read(16, 8192)]),
+        &c.completer(),
+    );
+    dev.commit_rqs(0);
+    let (mut done, polled) = poll_until(&dev, &c, 1);
+    assert_eq!(polled, 1);
+    let (rq, st) = done.pop().unwrap();
+    assert_eq!(st, Err(BlkError::Io));
+    assert_eq!(data_of(&rq)[..10240], a[..10240]);
+    let s = dev.stats();
+    assert_eq!(s.short_resubmits - before.short_resubmits, 1, "{s:?}");
+    assert_eq!(s.private_sqes - before.private_sqes, 2, "{s:?}");
+    assert_eq!(dev.in_flight(), 0);
+}
