@@ -799,12 +799,12 @@ impl Private {
         } else {
             0
         };
-        match enter_getevents(&self.ring, to_submit, timeout_ns) {
-            Ok(_) if to_submit > 0 => {
-                self.unsubmitted = false;
-                self.sh.submit_calls.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => {}
+        if enter_getevents(&self.ring, to_submit, timeout_ns).is_ok() && to_submit > 0 {
+            self.sh.submit_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        if to_submit > 0 {
+            // Whatever the kernel did not take (a refused enter) waits for the next one.
+            self.unsubmitted = !self.ring.submission().is_empty();
         }
         self.reap(finished)
     }
