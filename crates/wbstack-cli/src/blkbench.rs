@@ -70,6 +70,9 @@ pub struct BlkJob {
     pub seed: u64,
     /// Reap completions in the job thread (polled IO) where the device supports it.
     pub poll: bool,
+    /// Bios submitted under one plug, so they reach the device as one batch (fio's
+    /// iodepth_batch_submit): 1 submits each bio alone, 0 the whole free depth at once.
+    pub batch: usize,
 }
 
 /// How long a polling job waits in the device before looking at its deadline again.
@@ -82,6 +85,8 @@ pub struct BlkReport {
     pub bs: usize,
     pub jobs: usize,
     pub iodepth: usize,
+    /// Bios per plug (0: the whole free depth).
+    pub iodepth_batch: usize,
     pub iostats: IoStatsMode,
     pub ios: u64,
     pub wall_s: f64,
@@ -187,10 +192,15 @@ fn run_job(
     let mut checks = 0u32;
     let can_poll = job.poll && q.can_poll();
     loop {
-        // Fill the queue depth, inside a plug so a burst reaches the device as one batch.
+        // Fill the queue depth, `batch` bios to a plug so each group reaches the device
+        // as one batch.
         if !stop && inflight < job.iodepth {
-            let _plug = (job.iodepth > 1).then(Plug::start);
+            let mut plug = None;
+            let mut plugged = 0;
             while inflight < job.iodepth {
+                if job.batch != 1 && plug.is_none() {
+                    plug = Some(Plug::start());
+                }
                 let Some(mut bio) = free.pop() else { break };
                 let blk = if job.rw.is_random() {
                     xorshift(&mut rng) % span_blocks
@@ -207,7 +217,13 @@ fn run_job(
                     break;
                 }
                 inflight += 1;
+                plugged += 1;
+                if plugged == job.batch {
+                    plug = None;
+                    plugged = 0;
+                }
             }
+            drop(plug);
         }
         if inflight == 0 {
             break;
@@ -337,6 +353,7 @@ pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
         bs: job.bs,
         jobs: job.jobs,
         iodepth: job.iodepth,
+        iodepth_batch: job.batch,
         iostats: job.iostats,
         ios,
         wall_s: wall,
@@ -356,12 +373,13 @@ pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
 
 pub fn print_human(r: &BlkReport) {
     println!(
-        "blk: {} rw={} bs={} jobs={} iodepth={} iostats={} ({:.1} s)",
+        "blk: {} rw={} bs={} jobs={} iodepth={} batch={} iostats={} ({:.1} s)",
         r.device,
         r.rw.name(),
         r.bs,
         r.jobs,
         r.iodepth,
+        r.iodepth_batch,
         r.iostats,
         r.wall_s
     );

@@ -14,16 +14,32 @@ pub struct FioResult {
     pub sys_pct: f64,
 }
 
+/// The job shape fio runs.
+#[derive(Debug, Clone)]
+pub struct FioJob<'a> {
+    pub path: &'a str,
+    pub rw: &'a str,
+    pub bs: usize,
+    pub iodepth: usize,
+    /// iodepth_batch_submit: IOs submitted together (0: the whole free depth).
+    pub batch: usize,
+    pub jobs: usize,
+    pub runtime_s: f64,
+    pub size: u64,
+}
+
 /// Run fio with io_uring and O_DIRECT on `path` with the same job shape.
-pub fn run(
-    path: &str,
-    rw: &str,
-    bs: usize,
-    iodepth: usize,
-    jobs: usize,
-    runtime_s: f64,
-    size: u64,
-) -> Result<FioResult, String> {
+pub fn run(j: &FioJob) -> Result<FioResult, String> {
+    let FioJob {
+        path,
+        rw,
+        bs,
+        iodepth,
+        batch,
+        jobs,
+        runtime_s,
+        size,
+    } = *j;
     let out = Command::new("fio")
         .args([
             "--name=wbstack-compare",
@@ -31,6 +47,7 @@ pub fn run(
             &format!("--rw={rw}"),
             &format!("--bs={bs}"),
             &format!("--iodepth={iodepth}"),
+            &format!("--iodepth_batch_submit={batch}"),
             &format!("--numjobs={jobs}"),
             "--ioengine=io_uring",
             "--direct=1",

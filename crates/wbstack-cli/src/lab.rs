@@ -78,6 +78,7 @@ pub fn inflight(o: &LabOpts) -> Result<Experiment<InflightArm>, String> {
                     span: None,
                     seed: round as u64 + 1,
                     poll: true,
+                    batch: 1,
                 };
                 if !o.json {
                     crate::util::status(&format!(

@@ -446,6 +446,10 @@ struct BlkArgs {
     bs: u64,
     #[arg(long, default_value_t = 1)]
     iodepth: usize,
+    /// Bios submitted together under one plug, as fio's iodepth_batch_submit (its
+    /// default is 1 too): 1 submits each alone, 0 refills the whole free depth at once.
+    #[arg(long, default_value_t = 1)]
+    iodepth_batch: usize,
     /// Seconds (or a duration such as 500ms).
     #[arg(long, default_value = "5", value_parser = duration_arg)]
     runtime: Duration,
@@ -524,6 +528,7 @@ fn run_blk(a: BlkArgs) -> Result<(), String> {
         span: a.size,
         seed: a.seed,
         poll: a.reap == "poll",
+        batch: a.iodepth_batch,
     };
     let fio_path = if a.fio {
         let spec = wbstack::dev::DeviceSpec::parse(&a.device).map_err(|e| e.to_string())?;
@@ -537,15 +542,16 @@ fn run_blk(a: BlkArgs) -> Result<(), String> {
             let span = a
                 .size
                 .unwrap_or_else(|| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0));
-            Some(wbstack_cli::fio::run(
-                p,
-                a.rw.name(),
-                a.bs as usize,
-                a.iodepth,
-                a.jobs,
-                a.runtime.as_secs_f64(),
-                span,
-            )?)
+            Some(wbstack_cli::fio::run(&wbstack_cli::fio::FioJob {
+                path: p,
+                rw: a.rw.name(),
+                bs: a.bs as usize,
+                iodepth: a.iodepth,
+                batch: a.iodepth_batch,
+                jobs: a.jobs,
+                runtime_s: a.runtime.as_secs_f64(),
+                size: span,
+            })?)
         }
         None => None,
     };

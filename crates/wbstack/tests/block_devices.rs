@@ -189,3 +189,31 @@ fn power_cut_keeps_flushed_and_fua_data_only() {
     );
     assert_eq!(q.diskstats().in_flight, [0, 0]);
 }
+
+/// A thread that polls a file device gets its own ring, whose requests complete only
+/// when that thread waits in it: the block layer's own waits (a synchronous bio, a tag
+/// when the queue depth is exhausted, a wbt slot) reap it instead of sleeping, so the
+/// same load as above runs to the end through the private ring.
+#[test]
+fn polling_thread_waits_in_the_block_layer_through_its_own_ring() {
+    wbstack::dev::uring::probe_io_uring().expect("io_uring");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let img = dir.path().join("polled.img");
+    let spec = format!("file:{},create=1,size=64M,qd=4", img.display());
+    let q = RequestQueue::open(&spec, QueueConfig::default()).unwrap();
+    assert!(q.can_poll());
+    assert_eq!(q.poll(0), 0, "nothing in flight yet");
+    merged_writes_read_back(&q, 7);
+    let dev = q.device();
+    let u = dev
+        .as_any()
+        .downcast_ref::<wbstack::dev::uring::UringDevice>()
+        .unwrap();
+    let s = u.stats();
+    assert_eq!(s.private_rings, 1, "{s:?}");
+    assert_eq!(
+        s.private_sqes, s.sqes,
+        "every request went to the private ring"
+    );
+    assert_eq!(u.in_flight(), 0);
+}

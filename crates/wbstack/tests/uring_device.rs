@@ -644,3 +644,215 @@ fn loop_block_device() {
     let dev = open(&format!("file:{dev_path},size=4M")).unwrap();
     assert_eq!(dev.geometry().size_bytes, 4 << 20);
 }
+
+impl Collector {
+    fn count(&self) -> usize {
+        self.done.lock().unwrap().len()
+    }
+}
+
+/// Poll `dev` in this thread until `n` requests completed (bounded), and take them.
+/// Returns them and how many the polls themselves completed.
+fn poll_until(dev: &UringDevice, c: &Collector, n: usize) -> (Vec<(Request, BlkResult)>, usize) {
+    let deadline = Instant::now() + WAIT;
+    let mut polled = 0;
+    while c.count() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} requests completed within {WAIT:?} of polling",
+            c.count()
+        );
+        polled += dev.poll(0, 1_000_000);
+    }
+    (c.wait(n), polled)
+}
+
+/// A thread that polls gets its own ring at its first poll: the requests it queues from
+/// then on go there (SINGLE_ISSUER, DEFER_TASKRUN, a registered file) and complete when
+/// it waits in `poll`, with batching counted as on the shared ring.
+#[test]
+fn polling_thread_reaps_its_own_ring() {
+    let dir = tmpdir();
+    let Some((dev, _)) = device(dir.path(), "8M") else {
+        return;
+    };
+    let c = Collector::new();
+    // Nothing in flight: the first poll makes the ring and returns at once.
+    assert_eq!(dev.poll(0, 0), 0);
+    let s0 = dev.stats();
+    assert_eq!(s0.private_rings, 1, "{s0:?}");
+    let n = 32u64;
+    for i in 0..n {
+        // Every kind of SQE goes through the private ring: writes, PREFLUSH + FUA.
+        let mut b = Bio::write(i * 8, IoBuf::from_slice(&pattern(200 + i, 4096)));
+        if i % 8 == 0 {
+            b = b.with_flags(BioFlags::PREFLUSH | BioFlags::FUA);
+        }
+        dev.queue_rq(Request::from_bio(b, 1), &c.completer());
+    }
+    dev.commit_rqs(0);
+    let s1 = dev.stats();
+    assert_eq!(s1.submit_calls - s0.submit_calls, 1, "one enter per batch");
+    assert_eq!(s1.private_sqes - s0.private_sqes, n + 4, "{s1:?}");
+    assert_eq!(dev.in_flight(), n as usize);
+    let (done, polled) = poll_until(&dev, &c, n as usize);
+    assert_eq!(polled, n as usize, "the polls completed them all");
+    for (rq, st) in done {
+        assert!(st.is_ok(), "{rq:?}: {st:?}");
+    }
+    // A flush and a read back, through the same ring.
+    dev.queue_rq(Request::from_bio(Bio::flush(), 0), &c.completer());
+    for i in 0..n {
+        dev.queue_rq(read_rq(i * 8, 4096), &c.completer());
+    }
+    dev.commit_rqs(0);
+    let (done, _) = poll_until(&dev, &c, n as usize + 1);
+    for (rq, st) in done {
+        st.unwrap();
+        if rq.op == Op::Read {
+            assert_eq!(data_of(&rq), pattern(200 + rq.sector / 8, 4096));
+        }
+    }
+    assert_eq!(dev.in_flight(), 0);
+    assert_eq!(dev.stats().private_rings, 1, "one ring per thread");
+}
+
+/// Requests of a thread that never polls go to the shared ring: they complete when
+/// nobody waits (the completion thread) and when another thread waits in `poll`.
+#[test]
+fn shared_ring_completes_with_and_without_a_waiter() {
+    let dir = tmpdir();
+    let Some((dev, _)) = device(dir.path(), "8M") else {
+        return;
+    };
+    let dev = Arc::new(dev);
+    let c = Collector::new();
+    // Nobody waits.
+    for i in 0..16u64 {
+        dev.queue_rq(write_rq(i * 8, &pattern(300 + i, 4096)), &c.completer());
+    }
+    dev.commit_rqs(0);
+    for (_, st) in c.wait(16) {
+        st.unwrap();
+    }
+    assert_eq!(dev.stats().private_sqes, 0);
+    // Another thread waits in poll while this one submits and does not.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (dev, stop) = (dev.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                n += dev.poll(0, 1_000_000);
+            }
+            n
+        })
+    };
+    for round in 0..20u64 {
+        for i in 0..16u64 {
+            dev.queue_rq(read_rq(i * 8, 4096), &c.completer());
+        }
+        dev.commit_rqs(0);
+        for (rq, st) in c.wait(16) {
+            st.unwrap();
+            assert_eq!(data_of(&rq), pattern(300 + rq.sector / 8, 4096), "{round}");
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    poller.join().unwrap();
+    let s = dev.stats();
+    assert_eq!(s.private_sqes, 0, "{s:?}");
+    assert_eq!(dev.in_flight(), 0);
+}
+
+/// Teardown with requests in a polling thread's private ring: dropped by that thread
+/// (the drop drains its ring), and left in flight by a thread that exits after another
+/// thread dropped the device (the thread's exit drains its ring).
+#[test]
+fn private_ring_teardown_with_requests_in_flight() {
+    let dir = tmpdir();
+    let Some((dev, path)) = device(dir.path(), "8M") else {
+        return;
+    };
+    let c = Collector::new();
+    dev.poll(0, 0);
+    for i in 0..48u64 {
+        dev.queue_rq(write_rq(i * 8, &pattern(400 + i, 4096)), &c.completer());
+    }
+    dev.commit_rqs(0);
+    // Queued without a commit too.
+    for i in 48..64u64 {
+        dev.queue_rq(write_rq(i * 8, &pattern(400 + i, 4096)), &c.completer());
+    }
+    assert!(dev.stats().private_sqes >= 64);
+    drop(dev);
+    let done = c.wait(64);
+    for (rq, st) in done {
+        assert!(st.is_ok(), "{rq:?}: {st:?}");
+    }
+
+    // Another thread's ring outlives the device.
+    let dev = Arc::new(open(&format!("file:{}", path.display())).unwrap());
+    let (to_main, from_thread) = mpsc::channel();
+    let (to_thread, from_main) = mpsc::channel::<()>();
+    let t = {
+        let (dev, c) = (dev.clone(), c.clone());
+        std::thread::spawn(move || {
+            dev.poll(0, 0);
+            for i in 0..64u64 {
+                dev.queue_rq(read_rq(i * 8, 4096), &c.completer());
+            }
+            dev.commit_rqs(0);
+            assert_eq!(dev.stats().private_rings, 1);
+            drop(dev);
+            to_main.send(()).unwrap();
+            // Exits with its requests unreaped once the device is gone.
+            from_main.recv_timeout(WAIT).unwrap();
+        })
+    };
+    from_thread.recv_timeout(WAIT).unwrap();
+    assert!(dev.in_flight() <= 64);
+    drop(dev);
+    to_thread.send(()).unwrap();
+    t.join().unwrap();
+    let done = c.wait(64);
+    for (rq, st) in done {
+        st.unwrap();
+        assert_eq!(data_of(&rq), pattern(400 + rq.sector / 8, 4096));
+    }
+}
+
+/// The short-IO path on a polling thread's own ring: the remainder goes back into the
+/// same ring (with its registered file) and the thread's polls complete the request.
+#[test]
+fn short_read_on_a_private_ring() {
+    let dir = tmpdir();
+    let Some((dev, path)) = device(dir.path(), "1M") else {
+        return;
+    };
+    let a = pattern(12, 16384);
+    run(&dev, write_rq(0, &a)).1.unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(10240)
+        .unwrap();
+    assert_eq!(dev.poll(0, 0), 0);
+    let before = dev.stats();
+    let c = Collector::new();
+    dev.queue_rq(
+        multi_rq(vec![Bio::read(0, 8192), Bio::read(16, 8192)]),
+        &c.completer(),
+    );
+    dev.commit_rqs(0);
+    let (mut done, polled) = poll_until(&dev, &c, 1);
+    assert_eq!(polled, 1);
+    let (rq, st) = done.pop().unwrap();
+    assert_eq!(st, Err(BlkError::Io));
+    assert_eq!(data_of(&rq)[..10240], a[..10240]);
+    let s = dev.stats();
+    assert_eq!(s.short_resubmits - before.short_resubmits, 1, "{s:?}");
+    assert_eq!(s.private_sqes - before.private_sqes, 2, "{s:?}");
+    assert_eq!(dev.in_flight(), 0);
+}

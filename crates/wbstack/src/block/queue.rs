@@ -75,6 +75,10 @@ thread_local! {
     static TAG_HINT: Cell<u32> = const { Cell::new(0) };
 }
 
+/// How long a wait in the block layer waits in the thread's own rings at a time before
+/// looking again at what it waits for.
+pub(crate) const OWN_POLL_NS: u64 = 1_000_000;
+
 #[inline]
 fn thread_idx() -> u32 {
     THREAD_IDX.with(|c| {
@@ -522,11 +526,25 @@ impl RequestQueue {
         let h = (thread_idx() as usize % core.hctxs.len()) as u16;
         let tags = &core.hctxs[h as usize];
         let hint = TAG_HINT.with(|c| c.get());
-        let tag = tags.get_blocking(hint, || {
-            // Never sleep on a tag while holding back IO that would free one.
-            self.dev.commit_rqs(h);
-            plug::flush_plug();
-        });
+        let tag = match tags.try_get(hint) {
+            Some(t) => t,
+            None => loop {
+                // Never sleep on a tag while holding back IO that would free one: push
+                // out the batch and the plug, and reap this thread's own polled
+                // requests (which complete only when it polls) instead of sleeping.
+                self.dev.commit_rqs(h);
+                plug::flush_plug();
+                if crate::dev::uring::poll_own_rings(OWN_POLL_NS).is_none() {
+                    break tags.get_blocking(hint, || {
+                        self.dev.commit_rqs(h);
+                        plug::flush_plug();
+                    });
+                }
+                if let Some(t) = tags.try_get(hint) {
+                    break t;
+                }
+            },
+        };
         TAG_HINT.with(|c| c.set(tag));
         rq.hctx = h;
         rq.tag = tag;
@@ -567,7 +585,9 @@ impl RequestQueue {
 
     /// Reap this thread's completions from the device, waiting up to `timeout_ns`
     /// (polled IO). Returns how many requests completed here; 0 when the device
-    /// completes on its own threads only.
+    /// completes on its own threads only. On the file device the first call gives the
+    /// thread its own ring: from then on its requests complete only when it polls or
+    /// waits in the block layer (see `dev::uring`).
     pub fn poll(&self, timeout_ns: u64) -> usize {
         plug::flush_plug();
         let h = (thread_idx() as usize % self.core.hctxs.len()) as u16;
@@ -668,7 +688,13 @@ impl BioWait {
         plug::flush_plug();
         let mut d = self.done.lock();
         while d.len() < n {
-            self.cv.wait(&mut d);
+            // A thread that polls reaps its own requests (the completion may be ours).
+            drop(d);
+            let polled = crate::dev::uring::poll_own_rings(OWN_POLL_NS).is_some();
+            d = self.done.lock();
+            if !polled && d.len() < n {
+                self.cv.wait(&mut d);
+            }
         }
         std::mem::take(&mut *d)
     }

@@ -1262,7 +1262,10 @@ impl Wbt {
         // Our own plugged requests may hold the slots we wait for.
         crate::block::plug::flush_plug();
         while !me.granted.load(Ordering::Acquire) {
-            std::thread::park();
+            // A thread that polls must reap its own requests, which may hold the slot.
+            if crate::dev::uring::poll_own_rings(crate::block::queue::OWN_POLL_NS).is_none() {
+                std::thread::park();
+            }
         }
         true
     }

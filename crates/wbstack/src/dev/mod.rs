@@ -77,6 +77,8 @@ pub trait Device: Send + Sync + 'static {
     /// Reap completions in the calling thread, waiting up to `timeout_ns` for one
     /// (polled IO, as with the kernel's io polling). Returns the requests completed by
     /// this call; a device that cannot poll returns 0 and completes on its own.
+    /// A thread that polls the file device gets its own ring: its later requests then
+    /// complete only while it polls (or waits in the block layer, which polls for it).
     fn poll(&self, _hctx: u16, _timeout_ns: u64) -> usize {
         0
     }
