@@ -27,10 +27,12 @@
 use super::error::FsResult;
 use super::format::{InodeKind, Record, BLOCK_SIZE};
 use super::volume::{State, Vol};
-use crate::block::{Bio, BioFlags, BioWait, BlkError, BlkResult, Plug};
+use crate::block::{Bio, BioEndIo, BioFlags, BlkError, BlkResult, Plug};
 use crate::buf::IoBuf;
 use crate::mm::Mapping;
-use std::sync::Arc;
+use parking_lot::{Condvar, Mutex};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
 
 const PAGE: u64 = BLOCK_SIZE as u64;
 const SECTORS_PER_BLOCK: u64 = PAGE / 512;
@@ -110,6 +112,8 @@ impl Vol {
         ) && eligible(&st, ino)
             && self.log_pages(&mut st, ino, mapping, &pages, now).is_ok();
         drop(st);
+        // A committer waiting for ordered data sends these home meanwhile.
+        self.ordered_cv.notify_all();
         if !taken {
             let idx: Vec<u64> = pages.iter().map(|(k, _)| *k).collect();
             mapping.unclaim(&idx);
@@ -199,10 +203,6 @@ impl Vol {
         debug_assert_eq!(blocks.len(), pages.len());
         let tid = st.running_tid;
         for ((p, b), (_, data)) in blocks.iter().zip(pages) {
-            debug_assert!(
-                st.jhome.iter().all(|h| h.block != *b),
-                "block {b} journaled twice before its home write"
-            );
             st.log(
                 Record::DataBlock {
                     block: *b,
@@ -221,6 +221,11 @@ impl Vol {
             });
         }
         st.txn_jdata_pages += pages.len() as u64;
+        {
+            let mut j = self.jn.lock();
+            j.stats.data_fsyncs += 1;
+            j.stats.data_blocks += pages.len() as u64;
+        }
         for (fb, s, len) in new_runs {
             st.log(
                 Record::MapExtent {
@@ -245,60 +250,120 @@ impl Vol {
         Ok(())
     }
 
-    /// Write journaled blocks to their final locations (one plug: adjacent blocks
-    /// merge), wait, and end their pages' writeback. A failure aborts the journal: the
-    /// next checkpoint would otherwise forget the only good copy.
-    pub(super) fn write_home(&self, mut home: Vec<JHome>) {
+    /// Submit the home writes of journaled blocks (one plug: adjacent blocks merge),
+    /// without waiting: each completion ends its pages' writeback. Called by the
+    /// committer without `st`, before the transaction carrying them closes (so before
+    /// any wait of the commit: a thread waiting for these pages never waits for the
+    /// commit). A home write may land before its commit, as ordered data does: a new
+    /// block is not referenced yet, a mapped one is overwritten in place.
+    pub(super) fn submit_home(&self, mut home: Vec<JHome>) {
         if home.is_empty() {
             return;
         }
         home.sort_by_key(|h| h.block);
-        let w = BioWait::new();
-        let mut n = 0;
-        let mut first_err: BlkResult = Ok(());
-        {
-            let _plug = Plug::start();
-            let mut i = 0;
-            while i < home.len() {
-                let mut j = i + 1;
-                while j < home.len() && home[j].block == home[j - 1].block + 1 {
-                    j += 1;
-                }
-                let mut buf = IoBuf::zeroed((j - i) * BLOCK_SIZE);
-                for (x, h) in home[i..j].iter().enumerate() {
-                    buf.as_mut_slice()[x * BLOCK_SIZE..(x + 1) * BLOCK_SIZE]
-                        .copy_from_slice(h.data.as_slice());
-                }
-                let bio = Bio::write(home[i].block * SECTORS_PER_BLOCK, buf)
-                    .with_flags(BioFlags::SYNC)
-                    .with_end_io(w.clone());
-                match self.q.submit_bio(bio) {
-                    Ok(()) => n += 1,
-                    Err(e) => first_err = first_err.and(Err(e)),
-                }
-                i = j;
+        let vol = self.aops.vol.lock().clone();
+        let _plug = Plug::start();
+        let mut i = 0;
+        while i < home.len() {
+            let mut j = i + 1;
+            while j < home.len() && home[j].block == home[j - 1].block + 1 {
+                j += 1;
             }
-        }
-        for (_, r) in w.wait_n(n) {
-            first_err = first_err.and(r);
-        }
-        let status = first_err.clone();
-        for h in home {
-            h.mapping.end_claimed(h.index, 1, status.clone());
-        }
-        if let Err(e) = first_err {
-            self.sb_err.set(e.errno());
-            self.abort(format!("a home write of journaled data failed ({e})"));
+            let mut buf = IoBuf::zeroed((j - i) * BLOCK_SIZE);
+            for (x, h) in home[i..j].iter().enumerate() {
+                buf.as_mut_slice()[x * BLOCK_SIZE..(x + 1) * BLOCK_SIZE]
+                    .copy_from_slice(h.data.as_slice());
+            }
+            let tid = home[i].tid;
+            debug_assert!(home[i..j].iter().all(|h| h.tid == tid));
+            *self.home.pending.lock().entry(tid).or_default() += 1;
+            let end = Arc::new(HomeEnd {
+                vol: vol.clone(),
+                home: self.home.clone(),
+                tid,
+                pages: home[i..j]
+                    .iter()
+                    .map(|h| (h.mapping.clone(), h.index))
+                    .collect(),
+            });
+            let bio = Bio::write(home[i].block * SECTORS_PER_BLOCK, buf)
+                .with_flags(BioFlags::SYNC)
+                .with_end_io(end.clone());
+            if let Err(e) = self.q.submit_bio(bio) {
+                end.done(Err(e));
+            }
+            i = j;
         }
     }
 
-    /// The journal failed: journaled pages will never be written home; end their
+    /// Wait until every home write of transactions up to `tid` completed (before the
+    /// blocks that transaction freed are released, and before a checkpoint).
+    pub(super) fn wait_home(&self, tid: u64) {
+        crate::block::flush_plug();
+        let mut p = self.home.pending.lock();
+        while p.range(..=tid).next().is_some() {
+            self.home.cv.wait(&mut p);
+        }
+    }
+
+    /// The journal failed: journaled pages not yet sent home never will be; end their
     /// writeback with the error (every open file is told through errseq).
     pub(super) fn fail_home(&self) {
         let home = std::mem::take(&mut self.st.lock().jhome);
         for h in home {
             h.mapping.end_claimed(h.index, 1, Err(BlkError::Io));
         }
+    }
+}
+
+/// Home writes in flight, by transaction (a leaf lock).
+#[derive(Default)]
+pub(super) struct HomeWrites {
+    pending: Mutex<BTreeMap<u64, u64>>,
+    cv: Condvar,
+}
+
+/// The completion of one home write.
+struct HomeEnd {
+    vol: Weak<Vol>,
+    home: Arc<HomeWrites>,
+    tid: u64,
+    pages: Vec<(Arc<Mapping>, u64)>,
+}
+
+impl HomeEnd {
+    fn done(&self, status: BlkResult) {
+        for (m, index) in &self.pages {
+            m.end_claimed(*index, 1, status.clone());
+        }
+        if let Err(e) = &status {
+            // The next checkpoint would forget the only good copy: stop here.
+            if let Some(v) = self.vol.upgrade() {
+                v.sb_err.set(e.errno());
+                v.abort(format!("a home write of journaled data failed ({e})"));
+            }
+        }
+        let mut p = self.home.pending.lock();
+        if let Some(n) = p.get_mut(&self.tid) {
+            *n -= 1;
+            if *n == 0 {
+                p.remove(&self.tid);
+            }
+        } else {
+            debug_assert!(
+                false,
+                "a home write of transaction {} ended twice",
+                self.tid
+            );
+        }
+        drop(p);
+        self.home.cv.notify_all();
+    }
+}
+
+impl BioEndIo for HomeEnd {
+    fn end_io(&self, _bio: Bio, status: BlkResult) {
+        self.done(status);
     }
 }
 

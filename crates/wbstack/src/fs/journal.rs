@@ -476,6 +476,7 @@ impl Volume {
             clock,
             flush_on_close: AtomicBool::new(opts.flush_on_close),
             journal_data_kb: AtomicU64::new(opts.journal_data_kb),
+            home: Default::default(),
             opts,
             st: Mutex::new(State {
                 meta: l.meta,
@@ -662,13 +663,21 @@ impl Vol {
             let j = self.jn.lock();
             (j.head, self.sb.journal_blocks)
         };
-        let (tid, payload, nrec, mut home) = {
+        let (tid, payload, nrec) = {
             let mut st = self.st.lock();
             // Ordered data (rename over an existing file): the transaction holding the
             // rename waits for the renamed file's data, so it cannot reach the disk
             // first. Writeback of that data was started at the rename.
             let mut kicked = std::collections::HashSet::new();
             loop {
+                // Journaled data goes home first, whatever else this commit waits for:
+                // a thread waiting for those pages (a sync pass of the flusher) may be
+                // what the ordered data below waits for.
+                if !st.jhome.is_empty() {
+                    let home = std::mem::take(&mut st.jhome);
+                    parking_lot::MutexGuard::unlocked(&mut st, || self.submit_home(home));
+                    continue;
+                }
                 let running = st.running_tid;
                 let ordered = std::mem::take(&mut st.ordered);
                 let keep: Vec<_> = ordered
@@ -714,10 +723,9 @@ impl Vol {
             st.restate();
             let records = std::mem::take(&mut st.txn);
             let tid = st.running_tid;
-            // Every journaled block waiting for its home write is in this transaction:
-            // earlier ones were written home right after their own commits.
-            let home = std::mem::take(&mut st.jhome);
-            debug_assert!(home.iter().all(|h| h.tid == tid));
+            // Every journaled block of this transaction was sent home above, in the
+            // same hold of the lock.
+            debug_assert!(st.jhome.is_empty());
             st.txn_jdata_pages = 0;
             st.running_tid += 1;
             st.txn_first_ns = None;
@@ -739,7 +747,7 @@ impl Vol {
             } else {
                 Payload::Txn(enc)
             };
-            (tid, payload, nrec, home)
+            (tid, payload, nrec)
         };
         // Every commit write carries PREFLUSH: it is a cache-flush barrier too.
         let gen = {
@@ -762,9 +770,9 @@ impl Vol {
             }
             Payload::Checkpoint(image) => {
                 // The checkpoint forgets the journal, and with it the only durable copy
-                // of journaled data not yet home: write it home first (the checkpoint's
-                // PREFLUSH makes it durable before the checkpoint is).
-                self.write_home(std::mem::take(&mut home));
+                // of journaled data not yet home: its home writes complete first (the
+                // checkpoint's PREFLUSH makes them durable before the checkpoint is).
+                self.wait_home(tid);
                 let (slot, seq) = {
                     let j = self.jn.lock();
                     (1 - j.ckpt_slot, j.ckpt_seq + 1)
@@ -793,24 +801,12 @@ impl Vol {
             }
         };
         if let Err(e) = res {
-            self.st.lock().jhome.append(&mut home);
             self.abort(format!("a journal write failed ({e})"));
             return;
         }
-        if !home.is_empty() {
-            // fsync waits for the commit only: tell it now, then write the journaled
-            // blocks home before this transaction's freed blocks can be reused (a
-            // home write must never land in a block another file got meanwhile).
-            {
-                let mut j = self.jn.lock();
-                j.committed = tid;
-                if let Some(g) = gen {
-                    j.barrier_done = g;
-                }
-            }
-            self.jcv.notify_all();
-            self.write_home(home);
-        }
+        // A home write must never land in a block another file got meanwhile: the
+        // blocks this transaction freed are released once its home writes completed.
+        self.wait_home(tid);
         self.st.lock().meta.alloc.commit(tid).ok();
         let took = self.now().saturating_sub(t0);
         let mut j = self.jn.lock();

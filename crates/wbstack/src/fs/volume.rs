@@ -285,6 +285,9 @@ pub struct JournalStats {
     pub committed_tid: u64,
     /// Commits requested by fsync (each waiter counts once).
     pub sync_waits: u64,
+    /// fsyncs whose data went into the journal (`journal_data_kb`), and the blocks.
+    pub data_fsyncs: u64,
+    pub data_blocks: u64,
 }
 
 /// Per-inode state that is not on disk: reservations, writes in flight, opens, and
@@ -653,6 +656,8 @@ pub(super) struct Vol {
     pub flush_on_close: AtomicBool,
     /// `opts.journal_data_kb`, switchable at run time.
     pub journal_data_kb: AtomicU64,
+    /// Home writes of journaled data in flight (`fs::jdata`).
+    pub home: Arc<super::jdata::HomeWrites>,
     pub st: Mutex<State>,
     pub icache: Mutex<HashMap<u64, Arc<Mapping>>>,
     pub jn: Mutex<JState>,
@@ -879,7 +884,6 @@ impl AddressSpaceOps for Aops {
             // over this data. fsync of the inode waits for the revoke's transaction.
             for b in blk..blk + n {
                 if st.jblocks.remove(&b).is_some() {
-                    debug_assert!(st.jhome.iter().all(|h| h.block != b));
                     if st.log(Record::Revoke { block: b }, &[ino], now).is_err() {
                         return;
                     }
