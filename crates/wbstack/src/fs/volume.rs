@@ -883,10 +883,10 @@ impl AddressSpaceOps for Aops {
             // file's, or another's it was freed from): replay must not write that copy
             // over this data. fsync of the inode waits for the revoke's transaction.
             for b in blk..blk + n {
-                if st.jblocks.remove(&b).is_some() {
-                    if st.log(Record::Revoke { block: b }, &[ino], now).is_err() {
-                        return;
-                    }
+                if st.jblocks.remove(&b).is_some()
+                    && st.log(Record::Revoke { block: b }, &[ino], now).is_err()
+                {
+                    return;
                 }
             }
         }
