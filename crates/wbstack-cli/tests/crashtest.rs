@@ -1108,3 +1108,24 @@ fn a_truncation_to_zero_after_a_partial_block_truncation_keeps_the_head_or_empti
         );
     }
 }
+
+#[test]
+fn the_workload_takes_the_journaled_data_path_and_cuts_pass() {
+    // crashtest mounts with journal_data_kb=64: small fsyncs carry their data in the
+    // commit, larger ones take ordered data; both are cut and checked.
+    let s = wbstack_cli::crashtest::run(&small(6, FsyncRule::Inode)).unwrap();
+    assert_eq!(s.failed_cuts, 0, "{:#?}", s.failures);
+    assert!(
+        s.journal_data_fsyncs > 0 && s.journal_data_fsyncs < s.fsyncs_acked + s.fdatasyncs_acked,
+        "{} of {} fsyncs journaled their data",
+        s.journal_data_fsyncs,
+        s.fsyncs_acked + s.fdatasyncs_acked
+    );
+    let off = wbstack_cli::crashtest::run(&CrashOpts {
+        mount_opts: "journal_data_kb=0".into(),
+        ..small(3, FsyncRule::Inode)
+    })
+    .unwrap();
+    assert_eq!(off.failed_cuts, 0, "{:#?}", off.failures);
+    assert_eq!(off.journal_data_fsyncs, 0);
+}

@@ -11,11 +11,16 @@
 //!   (final location, bytes, CRC), the `MapExtent`s of new blocks and the new size.
 //!   The pages stay under writeback until their home write: nothing else writes them,
 //!   and reclaim cannot drop them while their home block is stale.
-//! - `Vol::commit` writes the transaction; right after it (and, for a checkpoint,
-//!   before it: the journal copy is about to be forgotten) `write_home` writes every
-//!   journaled block to its final location and ends the pages' writeback. It waits for
-//!   those writes before the transaction's freed blocks are released, so a home write
-//!   never lands in a block another file got meanwhile.
+//! - `Vol::commit`, before anything it may wait for (ordered data) and in the same
+//!   hold of `st` that closes the transaction, sends every journaled block home
+//!   (`submit_home`, one plug: adjacent blocks merge; not waited for there). A home
+//!   write may land before its commit, as ordered data does: a new block is not yet
+//!   referenced, a mapped one is overwritten in place. Their completions end the pages'
+//!   writeback. The commit write goes out meanwhile; the transaction's freed blocks are
+//!   released, and a checkpoint (which forgets the journal) is written, only once the
+//!   home writes of every transaction up to it completed (`wait_home`), so a home
+//!   write never lands in a block another file got, and the journal copy is never the
+//!   only one forgotten.
 //! - Replay (`journal.rs: replay`) keeps the last journaled copy of each block and
 //!   mount writes them home before its checkpoint. A block written in place through
 //!   ordered data after a journaled copy of it (the same file rewriting it, or another
@@ -203,6 +208,11 @@ impl Vol {
         debug_assert_eq!(blocks.len(), pages.len());
         let tid = st.running_tid;
         for ((p, b), (_, data)) in blocks.iter().zip(pages) {
+            // Its previous copy was sent home before this page could be claimed again.
+            debug_assert!(
+                st.jhome.iter().all(|h| h.block != *b),
+                "block {b} journaled twice before its home write"
+            );
             st.log(
                 Record::DataBlock {
                     block: *b,

@@ -883,6 +883,10 @@ impl AddressSpaceOps for Aops {
             // file's, or another's it was freed from): replay must not write that copy
             // over this data. fsync of the inode waits for the revoke's transaction.
             for b in blk..blk + n {
+                // A block waiting to be sent home belongs to a page under writeback
+                // (or, freed, is not released before its home write): never written
+                // here meanwhile.
+                debug_assert!(st.jhome.iter().all(|h| h.block != b));
                 if st.jblocks.remove(&b).is_some()
                     && st.log(Record::Revoke { block: b }, &[ino], now).is_err()
                 {
