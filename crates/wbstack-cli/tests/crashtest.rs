@@ -1033,6 +1033,23 @@ fn every_crash_state_of_each_workload_keeps_what_was_acknowledged() {
 }
 
 #[test]
+fn every_crash_state_with_journaled_data_keeps_what_was_acknowledged() {
+    use wbstack_cli::crashtest::{run_states, StatesOpts, WORKLOADS};
+    // The same workloads with small fsyncs carrying their data in the commit: states
+    // where the commit is durable and the home write is not, and the reverse.
+    let s = run_states(&StatesOpts {
+        random_seeds: 20,
+        journal_data_kb: 64,
+        ..StatesOpts::default()
+    })
+    .unwrap();
+    let failed: Vec<&String> = s.workloads.iter().flat_map(|w| &w.failed).collect();
+    assert_eq!(s.failures, 0, "{failed:#?}");
+    assert_eq!(s.workloads.len(), WORKLOADS.len());
+    assert!(s.states >= 1_500, "only {} states", s.states);
+}
+
+#[test]
 fn a_dropped_preflush_fails_crash_states_and_their_replay_files_fail_too() {
     use wbstack_cli::crashtest::{run_states, StatesOpts};
     let dir = tempfile::tempdir().unwrap();
