@@ -40,6 +40,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 
 const PAGE: u64 = BLOCK_SIZE as u64;
+/// Journaled blocks gathered before a commit sends them home (1 MiB).
+pub(super) const HOME_BATCH: usize = 256;
+/// How long journaled blocks wait for a batch once the journal is idle.
+pub(super) const HOME_DELAY_NS: u64 = 20 * crate::clock::NSEC_PER_MSEC;
 const SECTORS_PER_BLOCK: u64 = PAGE / 512;
 
 /// The policy, in one place: does an fsync finding `dirty_pages` dirty pages carry them
@@ -117,8 +121,6 @@ impl Vol {
         ) && eligible(&st, ino)
             && self.log_pages(&mut st, ino, mapping, &pages, now).is_ok();
         drop(st);
-        // A committer waiting for ordered data sends these home meanwhile.
-        self.ordered_cv.notify_all();
         if !taken {
             let idx: Vec<u64> = pages.iter().map(|(k, _)| *k).collect();
             mapping.unclaim(&idx);
@@ -222,6 +224,7 @@ impl Vol {
                 now,
             )?;
             st.jblocks.insert(*b, tid);
+            st.jhome_first_ns.get_or_insert(now);
             st.jhome.push(JHome {
                 tid,
                 block: *b,
@@ -284,8 +287,9 @@ impl Vol {
                 buf.as_mut_slice()[x * BLOCK_SIZE..(x + 1) * BLOCK_SIZE]
                     .copy_from_slice(h.data.as_slice());
             }
-            let tid = home[i].tid;
-            debug_assert!(home[i..j].iter().all(|h| h.tid == tid));
+            // Counted under the oldest transaction among them: waiting for any of
+            // theirs waits for this write.
+            let tid = home[i..j].iter().map(|h| h.tid).min().expect("a run");
             *self.home.pending.lock().entry(tid).or_default() += 1;
             let end = Arc::new(HomeEnd {
                 vol: vol.clone(),
@@ -304,6 +308,22 @@ impl Vol {
             }
             i = j;
         }
+    }
+
+    /// Send every held-back home write now (a thread is about to wait for one of them).
+    pub(super) fn kick_home(&self) {
+        let home = {
+            let mut st = self.st.lock();
+            if st.jhome.is_empty() {
+                return;
+            }
+            st.jhome_first_ns = None;
+            std::mem::take(&mut st.jhome)
+        };
+        self.submit_home(home);
+        // Inside a caller's plug (writepages), submit_home's own plug is nested and
+        // holds nothing back: the caller is about to sleep on these writes.
+        crate::block::flush_plug();
     }
 
     /// Wait until every home write of transactions up to `tid` completed (before the

@@ -492,6 +492,7 @@ impl Volume {
                 jhome: Vec::new(),
                 jblocks: HashMap::new(),
                 txn_jdata_pages: 0,
+                jhome_first_ns: None,
                 wall_offset_ns,
             }),
             icache: Mutex::new(HashMap::new()),
@@ -594,6 +595,30 @@ impl Vol {
         };
         let periodic = pending && first.is_some_and(|t| now >= t + interval);
         if !(need_commit || need_barrier || force || periodic) {
+            // Idle: journaled data held back for a batch goes home after a while.
+            let home_due = {
+                let mut st = self.st.lock();
+                match st.jhome_first_ns {
+                    Some(t) if now >= t + super::jdata::HOME_DELAY_NS => {
+                        st.jhome_first_ns = None;
+                        Some(std::mem::take(&mut st.jhome))
+                    }
+                    Some(t) => {
+                        drop(st);
+                        let deadline = first.map_or(now + interval, |f| f + interval);
+                        self.clock.wait_until(
+                            &self.jwaiter,
+                            deadline.min(t + super::jdata::HOME_DELAY_NS),
+                        );
+                        return true;
+                    }
+                    None => None,
+                }
+            };
+            if let Some(home) = home_due {
+                self.submit_home(home);
+                return true;
+            }
             let deadline = first.map_or(now + interval, |t| t + interval);
             self.clock.wait_until(&self.jwaiter, deadline);
             return true;
@@ -663,21 +688,13 @@ impl Vol {
             let j = self.jn.lock();
             (j.head, self.sb.journal_blocks)
         };
-        let (tid, payload, nrec) = {
+        let (tid, payload, nrec, home) = {
             let mut st = self.st.lock();
             // Ordered data (rename over an existing file): the transaction holding the
             // rename waits for the renamed file's data, so it cannot reach the disk
             // first. Writeback of that data was started at the rename.
             let mut kicked = std::collections::HashSet::new();
             loop {
-                // Journaled data goes home first, whatever else this commit waits for:
-                // a thread waiting for those pages (a sync pass of the flusher) may be
-                // what the ordered data below waits for.
-                if !st.jhome.is_empty() {
-                    let home = std::mem::take(&mut st.jhome);
-                    parking_lot::MutexGuard::unlocked(&mut st, || self.submit_home(home));
-                    continue;
-                }
                 let running = st.running_tid;
                 let ordered = std::mem::take(&mut st.ordered);
                 let keep: Vec<_> = ordered
@@ -723,9 +740,6 @@ impl Vol {
             st.restate();
             let records = std::mem::take(&mut st.txn);
             let tid = st.running_tid;
-            // Every journaled block of this transaction was sent home above, in the
-            // same hold of the lock.
-            debug_assert!(st.jhome.is_empty());
             st.txn_jdata_pages = 0;
             st.running_tid += 1;
             st.txn_first_ns = None;
@@ -740,15 +754,31 @@ impl Vol {
             .encode();
             let blocks = enc.len() as u64 / PAGE;
             let ckpt = force_ckpt || head + blocks > jblocks * 3 / 4;
+            // Journaled data waiting for its home write goes now when the journal is
+            // about to start over, when this transaction frees blocks (released below
+            // once every home write up to it completed), or when enough has gathered
+            // (`jdata::HOME_BATCH`); else it waits for later commits, to go home in
+            // fewer, larger writes.
+            let home = if ckpt
+                || st.meta.alloc.deferred_blocks() > 0
+                || st.jhome.len() >= super::jdata::HOME_BATCH
+            {
+                st.jhome_first_ns = None;
+                std::mem::take(&mut st.jhome)
+            } else {
+                Vec::new()
+            };
             let payload = if ckpt {
                 // The journal is about to start over: no copy in it is replayed again.
+                debug_assert!(st.jhome.is_empty());
                 st.jblocks.clear();
                 Payload::Checkpoint(st.meta.encode_image())
             } else {
                 Payload::Txn(enc)
             };
-            (tid, payload, nrec)
+            (tid, payload, nrec, home)
         };
+        self.submit_home(home);
         // Every commit write carries PREFLUSH: it is a cache-flush barrier too.
         let gen = {
             let mut j = self.jn.lock();

@@ -404,6 +404,9 @@ pub(super) struct State {
     pub jblocks: HashMap<u64, u64>,
     /// Pages of data journaled in the running transaction.
     pub txn_jdata_pages: u64,
+    /// When the oldest entry of `jhome` was journaled (the committer sends them home
+    /// once idle this long after it).
+    pub jhome_first_ns: Option<u64>,
     /// Added to the volume clock's time to give an inode timestamp: wall-clock time
     /// on a real clock, 0 on a manual one (tests stay deterministic). Scheduling (commit
     /// intervals) keeps the clock's own time.
@@ -827,6 +830,12 @@ impl AddressSpaceOps for Aops {
             p += k;
         }
         Ok(runs)
+    }
+
+    fn writeback_wait(&self, _ino: u64) {
+        if let Ok(vol) = self.vol() {
+            vol.kick_home();
+        }
     }
 
     fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError> {

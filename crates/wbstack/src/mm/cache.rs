@@ -33,6 +33,10 @@ pub trait AddressSpaceOps: Send + Sync + 'static {
     fn write_inode(&self, _ino: u64, _sync: bool) -> BlkResult {
         Ok(())
     }
+    /// A thread is about to sleep until pages of `ino` leave writeback: a filesystem
+    /// holding the writes of some back (journaled data waiting for its home write)
+    /// sends them now. Called without the mapping's lock.
+    fn writeback_wait(&self, _ino: u64) {}
     /// A data write of pages [index, index+n) to `sector` (as `map_write` returned it)
     /// completed, with the file `i_size` bytes long at that moment (ordered-data hook:
     /// only now may metadata pointing at these blocks be journaled).
@@ -625,7 +629,10 @@ impl Mapping {
         // An extension cuts nothing: no old content past the end to wait for.
         let shrink = size < inner.size;
         while self.cut_pages(&mut inner, size, true) && shrink {
-            self.cv.wait(&mut inner);
+            MutexGuard::unlocked(&mut inner, || self.ops.writeback_wait(self.ino));
+            if self.cut_pages(&mut inner, size, true) {
+                self.cv.wait(&mut inner);
+            }
         }
     }
 
@@ -754,8 +761,12 @@ impl Mapping {
                             skip = true;
                             break;
                         }
-                        // Our own plugged bios may be what it waits for.
-                        MutexGuard::unlocked(&mut inner, crate::block::flush_plug);
+                        // Our own plugged bios may be what it waits for, or writes the
+                        // filesystem holds back.
+                        MutexGuard::unlocked(&mut inner, || {
+                            crate::block::flush_plug();
+                            self.ops.writeback_wait(self.ino);
+                        });
                         if inner.pages.get(&k).is_some_and(|p| p.writeback) {
                             self.cv.wait(&mut inner);
                         }
@@ -974,7 +985,10 @@ impl Mapping {
             }
         };
         while busy(&inner) {
-            self.cv.wait(&mut inner);
+            MutexGuard::unlocked(&mut inner, || self.ops.writeback_wait(self.ino));
+            if busy(&inner) {
+                self.cv.wait(&mut inner);
+            }
         }
     }
 
