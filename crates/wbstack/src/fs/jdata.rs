@@ -11,16 +11,20 @@
 //!   (final location, bytes, CRC), the `MapExtent`s of new blocks and the new size.
 //!   The pages stay under writeback until their home write: nothing else writes them,
 //!   and reclaim cannot drop them while their home block is stale.
-//! - `Vol::commit`, before anything it may wait for (ordered data) and in the same
-//!   hold of `st` that closes the transaction, sends every journaled block home
-//!   (`submit_home`, one plug: adjacent blocks merge; not waited for there). A home
-//!   write may land before its commit, as ordered data does: a new block is not yet
-//!   referenced, a mapped one is overwritten in place. Their completions end the pages'
-//!   writeback. The commit write goes out meanwhile; the transaction's freed blocks are
-//!   released, and a checkpoint (which forgets the journal) is written, only once the
-//!   home writes of every transaction up to it completed (`wait_home`), so a home
-//!   write never lands in a block another file got, and the journal copy is never the
-//!   only one forgotten.
+//! - Home writes are held back so that many go in few, large writes (`submit_home`,
+//!   one plug: adjacent blocks merge): `Vol::commit` sends them all, at the close of
+//!   a transaction, once `HOME_BATCH` blocks gathered, when the transaction frees
+//!   blocks, or before a checkpoint; the committer sends them once idle `HOME_DELAY_NS`;
+//!   and any thread about to sleep on pages under writeback sends them at once
+//!   (`AddressSpaceOps::writeback_wait` → `kick_home`), so no wait on those pages ever
+//!   depends on a commit (a sync pass of the flusher may be what a commit's ordered
+//!   data waits for). A home write may land before its commit, as ordered data does:
+//!   a new block is not yet referenced, a mapped one is overwritten in place. Their
+//!   completions end the pages' writeback. A transaction's freed blocks are released,
+//!   and a checkpoint (which forgets the journal) is written, only once every home
+//!   write sent up to it completed (`wait_home`), and both send every held-back one
+//!   first: a home write never lands in a block another file got, and the journal
+//!   copy is never forgotten before its block is home.
 //! - Replay (`journal.rs: replay`) keeps the last journaled copy of each block and
 //!   mount writes them home before its checkpoint. A block written in place through
 //!   ordered data after a journaled copy of it (the same file rewriting it, or another

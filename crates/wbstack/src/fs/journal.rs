@@ -6,7 +6,9 @@
 //! PREFLUSH|FUA: PREFLUSH makes every data write that completed before it durable first
 //! (ordered data: extents are only logged once their data write completed), FUA makes
 //! the transaction itself durable. A transaction torn by a crash fails its CRC and ends
-//! the journal. When the journal is three quarters full (or at unmount) the committer
+//! the journal. With journaled data (`fs::jdata`) a transaction also carries small
+//! fsyncs' data blocks; replay keeps the newest unrevoked copy of each and mount writes
+//! them home before its checkpoint. When the journal is three quarters full (or at unmount) the committer
 //! writes a checkpoint instead: the whole metadata image, taken under the same lock that
 //! closes the transaction, to the older of the two slots; it commits that transaction,
 //! and the journal starts again at its first block. The slot it replaces is never the
