@@ -9,7 +9,9 @@ fn record() -> impl Strategy<Value = Record> {
     let name = prop::collection::vec(
         prop::num::u8::ANY.prop_filter("no / or NUL", |b| *b != b'/' && *b != 0),
         1..40,
-    );
+    )
+    // What the decoder accepts (`valid_name`): "." and ".." are refused.
+    .prop_filter("not . or ..", |n| n != b"." && n != b"..");
     prop_oneof![
         (
             any::<u64>(),
