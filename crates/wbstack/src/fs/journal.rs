@@ -710,6 +710,16 @@ impl Vol {
                 if self.jn.lock().stop {
                     break;
                 }
+                // Before waiting: journaled data held back goes home. A thread that
+                // found none held back an instant before it was (claimed, not yet
+                // logged) sleeps on those pages, and may be what this wait needs (a
+                // sync pass of the flusher writing the ordered data).
+                if !st.jhome.is_empty() {
+                    st.jhome_first_ns = None;
+                    let home = std::mem::take(&mut st.jhome);
+                    parking_lot::MutexGuard::unlocked(&mut st, || self.submit_home(home));
+                    continue;
+                }
                 let timed_out = self
                     .ordered_cv
                     .wait_for(&mut st, std::time::Duration::from_millis(100))
