@@ -303,6 +303,8 @@ pub struct FsyncArm {
     /// fs_mark's -S: "0", "1" or "A".
     pub sync: String,
     pub threads: usize,
+    /// The mount's journal_data_kb (0: ordered data, the default).
+    pub journal_data_kb: u64,
     pub files: u64,
     /// fs_mark's average files/s over the loops.
     pub files_per_sec: f64,
@@ -327,6 +329,8 @@ pub struct FsyncArm {
 /// The device of seed 004's sketch: an SSD with a volatile cache (each flush costs
 /// flush_lat) behind a 27,000-IOPS controller.
 pub const FSYNC_DEVICE: &str = "sim:ssd,size=32G";
+/// journal_data_kb of the journaled-data arms.
+pub const FSYNC_JDATA_KB: u64 = 64;
 /// Asynchronous flushes each thread keeps in flight in the -A arm: an aio ring's worth.
 pub const FSYNC_ASYNC_DEPTH: usize = 1024;
 
@@ -346,18 +350,26 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
     mount
         .parse(&format!("cache_size={cache}"))
         .map_err(|e| e.to_string())?;
-    let arms_spec: [(&str, SyncMethod, usize); 4] = [
-        ("S0-8", SyncMethod::None, 8),
-        ("S1-8", SyncMethod::Fsync, 8),
-        ("A-8", SyncMethod::Async, 8),
-        ("S1-1", SyncMethod::Fsync, 1),
+    // The last two arms: the same -S1 runs with journaled data (fs::jdata), each
+    // fsync's data carried in its commit.
+    let arms_spec: [(&str, SyncMethod, usize, u64); 6] = [
+        ("S0-8", SyncMethod::None, 8, 0),
+        ("S1-8", SyncMethod::Fsync, 8, 0),
+        ("A-8", SyncMethod::Async, 8, 0),
+        ("S1-1", SyncMethod::Fsync, 1, 0),
+        ("S1-8j", SyncMethod::Fsync, 8, FSYNC_JDATA_KB),
+        ("S1-1j", SyncMethod::Fsync, 1, FSYNC_JDATA_KB),
     ];
     let mut arms = Vec::new();
-    for (name, sync, threads) in arms_spec {
+    for (name, sync, threads, jdata_kb) in arms_spec {
         if !o.json {
             crate::util::status(&format!("  fsync: {name}"));
         }
-        let vfs = Arc::new(volfs::VolumeFs::format(FSYNC_DEVICE, mount.clone())?);
+        let mopts = wbstack::fs::MountOptions {
+            journal_data_kb: jdata_kb,
+            ..mount.clone()
+        };
+        let vfs = Arc::new(volfs::VolumeFs::format(FSYNC_DEVICE, mopts)?);
         let q = vfs.volume().queue().clone();
         let sim = || {
             q.device()
@@ -396,6 +408,7 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
             }
             .into(),
             threads,
+            journal_data_kb: jdata_kb,
             files: t.files,
             files_per_sec: t.files_per_sec,
             files_per_sec_incl_sync: t.files_per_sec_incl_sync,
@@ -432,7 +445,7 @@ pub fn print_fsync(e: &Experiment<FsyncArm>) {
     println!();
     println!(
         "{:<6} {:>7} {:>11} {:>11} {:>11} {:>8} {:>9} {:>8} {:>9} {:>9} {:>8}",
-        "sync",
+        "arm",
         "threads",
         "files/s",
         "last loop",
@@ -452,7 +465,7 @@ pub fn print_fsync(e: &Experiment<FsyncArm>) {
     for a in &e.arms {
         println!(
             "{:<6} {:>7} {:>11} {:>11} {:>11} {:>8} {:>9} {:>8} {:>9.1} {:>9} {:>8.1}",
-            format!("-S{}", a.sync),
+            a.name,
             a.threads,
             fmt_int(a.files_per_sec),
             fmt_int(a.last_loop_files_per_sec),
@@ -480,6 +493,19 @@ pub fn print_fsync(e: &Experiment<FsyncArm>) {
             a.files_per_sec / s0.files_per_sec.max(1e-9) * 100.0,
             a.fsyncs_per_flush,
             s1.files_per_sec / one.files_per_sec.max(1e-9)
+        );
+    }
+    if let (Some(s1), Some(one), Some(j8), Some(j1)) =
+        (get("S1-8"), get("S1-1"), get("S1-8j"), get("S1-1j"))
+    {
+        println!(
+            "journal_data_kb={FSYNC_JDATA_KB} (the j arms): 8-thread -S1 is {:.1}x 1-thread -S1 (ordered data: {:.1}x), {:.1} fsyncs per device IO (ordered: {:.1}); files/s {:.2}x and {:.2}x ordered data's (8 and 1 thread)",
+            j8.files_per_sec / j1.files_per_sec.max(1e-9),
+            s1.files_per_sec / one.files_per_sec.max(1e-9),
+            j8.fsyncs_per_device_io,
+            s1.fsyncs_per_device_io,
+            j8.files_per_sec / s1.files_per_sec.max(1e-9),
+            j1.files_per_sec / one.files_per_sec.max(1e-9)
         );
     }
 }

@@ -159,7 +159,9 @@ struct CrashtestArgs {
     /// before it: stronger than promised, for study).
     #[arg(long, default_value = "inode", value_parser = wbstack_cli::crashtest::FsyncRule::parse)]
     fsync_rule: wbstack_cli::crashtest::FsyncRule,
-    /// Mount options (name=value,...) on top of crashtest's short intervals.
+    /// Mount options (name=value,...) on top of crashtest's short intervals and its
+    /// journal_data_kb=64 (0 for ordered data only); with --states only journal_data_kb
+    /// applies (default 0 there).
     #[arg(short = 'o', long = "options", default_value = "")]
     options: String,
     /// Journal commit interval in milliseconds.
@@ -798,6 +800,15 @@ fn run(cmd: Cmd) -> ExitCode {
                     save_dir: Some(a.save_dir),
                     progress: !a.json,
                     drop_preflush: a.unsafe_drop_preflush,
+                    journal_data_kb: {
+                        // Only journal_data_kb of -o changes what --states records.
+                        let mut m = wbstack::fs::MountOptions::default();
+                        if let Err(e) = m.parse(&a.options) {
+                            eprintln!("wbstack crashtest: -o: {e}");
+                            return ExitCode::from(2);
+                        }
+                        m.journal_data_kb
+                    },
                 };
                 return match wbstack_cli::crashtest::states_cli(&o, a.json) {
                     Ok(code) => ExitCode::from(code),

@@ -1033,6 +1033,23 @@ fn every_crash_state_of_each_workload_keeps_what_was_acknowledged() {
 }
 
 #[test]
+fn every_crash_state_with_journaled_data_keeps_what_was_acknowledged() {
+    use wbstack_cli::crashtest::{run_states, StatesOpts, WORKLOADS};
+    // The same workloads with small fsyncs carrying their data in the commit: states
+    // where the commit is durable and the home write is not, and the reverse.
+    let s = run_states(&StatesOpts {
+        random_seeds: 20,
+        journal_data_kb: 64,
+        ..StatesOpts::default()
+    })
+    .unwrap();
+    let failed: Vec<&String> = s.workloads.iter().flat_map(|w| &w.failed).collect();
+    assert_eq!(s.failures, 0, "{failed:#?}");
+    assert_eq!(s.workloads.len(), WORKLOADS.len());
+    assert!(s.states >= 1_500, "only {} states", s.states);
+}
+
+#[test]
 fn a_dropped_preflush_fails_crash_states_and_their_replay_files_fail_too() {
     use wbstack_cli::crashtest::{run_states, StatesOpts};
     let dir = tempfile::tempdir().unwrap();
@@ -1107,4 +1124,25 @@ fn a_truncation_to_zero_after_a_partial_block_truncation_keeps_the_head_or_empti
             got.iter().filter(|&&b| b == 0).count()
         );
     }
+}
+
+#[test]
+fn the_workload_takes_the_journaled_data_path_and_cuts_pass() {
+    // crashtest mounts with journal_data_kb=64: small fsyncs carry their data in the
+    // commit, larger ones take ordered data; both are cut and checked.
+    let s = wbstack_cli::crashtest::run(&small(6, FsyncRule::Inode)).unwrap();
+    assert_eq!(s.failed_cuts, 0, "{:#?}", s.failures);
+    assert!(
+        s.journal_data_fsyncs > 0 && s.journal_data_fsyncs < s.fsyncs_acked + s.fdatasyncs_acked,
+        "{} of {} fsyncs journaled their data",
+        s.journal_data_fsyncs,
+        s.fsyncs_acked + s.fdatasyncs_acked
+    );
+    let off = wbstack_cli::crashtest::run(&CrashOpts {
+        mount_opts: "journal_data_kb=0".into(),
+        ..small(3, FsyncRule::Inode)
+    })
+    .unwrap();
+    assert_eq!(off.failed_cuts, 0, "{:#?}", off.failures);
+    assert_eq!(off.journal_data_fsyncs, 0);
 }

@@ -9,7 +9,9 @@ fn record() -> impl Strategy<Value = Record> {
     let name = prop::collection::vec(
         prop::num::u8::ANY.prop_filter("no / or NUL", |b| *b != b'/' && *b != 0),
         1..40,
-    );
+    )
+    // What the decoder accepts (`valid_name`): "." and ".." are refused.
+    .prop_filter("not . or ..", |n| n != b"." && n != b"..");
     prop_oneof![
         (
             any::<u64>(),
@@ -62,6 +64,13 @@ fn record() -> impl Strategy<Value = Record> {
         )
             .prop_map(|(ino, name, value)| Record::SetXattr { ino, name, value }),
         (any::<u64>(), xattr_name()).prop_map(|(ino, name)| Record::RemoveXattr { ino, name }),
+        (any::<u64>(), any::<u8>(), any::<u64>()).prop_map(|(block, b, seed)| {
+            let data = (0..BLOCK_SIZE as u64)
+                .map(|i| (i.wrapping_mul(seed | 1) >> 7) as u8 ^ b)
+                .collect();
+            Record::DataBlock { block, data }
+        }),
+        any::<u64>().prop_map(|block| Record::Revoke { block }),
     ]
 }
 

@@ -200,14 +200,27 @@ fn images() -> Vec<(&'static str, Vec<u8>)> {
     out.push(("tree-unmounted", bytes_of(&q)));
 
     // Crashed: every step in its own journal transaction after the mount's checkpoint,
-    // the orphan still open.
+    // the orphan still open (ordered data only).
     let q = empty_device();
     mkfs(&q);
-    let v = Volume::mount(q.clone(), fuzz::mount_options()).unwrap();
+    let mut ordered = fuzz::mount_options();
+    ordered.journal_data_kb = 0;
+    let v = Volume::mount(q.clone(), ordered).unwrap();
     let open = tree(&v, true);
     v.crash();
     drop(open);
     out.push(("tree-crashed", bytes_of(&q)));
+
+    // Crashed with journaled data (format v3): each small fsync's data in its commit
+    // (fuzz::mount_options' journal_data_kb), its home write lost with the cut.
+    let q = empty_device();
+    mkfs(&q);
+    let v = Volume::mount(q.clone(), fuzz::mount_options()).unwrap();
+    let open = tree(&v, true);
+    assert!(v.journal_stats().data_fsyncs > 0);
+    v.crash();
+    drop(open);
+    out.push(("tree-jdata-crashed", bytes_of(&q)));
 
     // Version 1: no extras section in the checkpoint, superblock version 1.
     let q = empty_device();

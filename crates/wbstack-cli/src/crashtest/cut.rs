@@ -33,6 +33,9 @@ pub struct CutReport {
     pub landing: Landing,
     pub journal_commits: u64,
     pub journal_checkpoints: u64,
+    /// fsyncs that journaled their data (`journal_data_kb`), and the blocks.
+    pub journal_data_fsyncs: u64,
+    pub journal_data_blocks: u64,
     pub device_writes: u64,
     pub device_flushes: u64,
     /// Problems of fsck before the mount, of the mounted metadata, and of fsck after
@@ -192,6 +195,9 @@ pub fn mount_options(o: &CrashOpts) -> Result<MountOptions, String> {
     m.wb.dirty_expire_centisecs = 3;
     m.wb.dirty.dirty_background_bytes = 256 << 10;
     m.wb.dirty.dirty_bytes = 4 << 20;
+    // Small fsyncs take the journaled-data path (fs::jdata), larger ones the ordered
+    // one: the workload exercises both (`-o journal_data_kb=0` for ordered only).
+    m.journal_data_kb = 64;
     m.parse(&o.mount_opts).map_err(|e| format!("-o: {e}"))?;
     Ok(m)
 }
@@ -331,6 +337,8 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
     let js = ctx.vol.journal_stats();
     rep.journal_commits = js.commits;
     rep.journal_checkpoints = js.checkpoints;
+    rep.journal_data_fsyncs = js.data_fsyncs;
+    rep.journal_data_blocks = js.data_blocks;
     let ds = probe.sim().stats();
     rep.device_writes = ds.writes;
     rep.device_flushes = ds.flushes;

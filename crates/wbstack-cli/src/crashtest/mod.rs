@@ -156,6 +156,8 @@ pub struct Summary {
     pub hangs: u64,
     pub journal_commits: u64,
     pub journal_checkpoints: u64,
+    pub journal_data_fsyncs: u64,
+    pub journal_data_blocks: u64,
     pub landed: Landed,
     pub seconds: f64,
     /// Every cut, in one line.
@@ -186,6 +188,8 @@ impl Summary {
         self.hangs += r.hang as u64;
         self.journal_commits += r.journal_commits;
         self.journal_checkpoints += r.journal_checkpoints;
+        self.journal_data_fsyncs += r.journal_data_fsyncs;
+        self.journal_data_blocks += r.journal_data_blocks;
         let l = &r.landing;
         let has = |a: &str| l.in_flight.contains_key(a) as u64;
         let d = &mut self.landed;
@@ -361,13 +365,15 @@ pub fn print_human(s: &Summary) {
         }
     );
     println!(
-        "  workload: {} ops, {} fsyncs + {} fdatasyncs + {} syncs acknowledged, {} commits, {} checkpoints",
+        "  workload: {} ops, {} fsyncs + {} fdatasyncs + {} syncs acknowledged, {} commits, {} checkpoints; {} fsyncs journaled their data ({} blocks)",
         s.ops,
         s.fsyncs_acked,
         s.fdatasyncs_acked,
         s.syncs_acked,
         s.journal_commits,
-        s.journal_checkpoints
+        s.journal_checkpoints,
+        s.journal_data_fsyncs,
+        s.journal_data_blocks
     );
     let l = &s.landed;
     println!(

@@ -53,6 +53,10 @@ pub struct StatesOpts {
     /// Testing the tool: the volume's PREFLUSH is dropped before the write log sees it
     /// (a filesystem that forgot one ordering), so states must fail.
     pub drop_preflush: bool,
+    /// The recorded volume's `journal_data_kb` (`-o journal_data_kb=N`): 0 records
+    /// ordered data only, as the default mount; N > 0 puts fsyncs of up to N KiB
+    /// through the journaled-data path (`fs::jdata`).
+    pub journal_data_kb: u64,
 }
 
 impl Default for StatesOpts {
@@ -68,6 +72,7 @@ impl Default for StatesOpts {
             save_dir: None,
             progress: false,
             drop_preflush: false,
+            journal_data_kb: 0,
         }
     }
 }
@@ -653,7 +658,12 @@ pub struct Recording {
     pub writes: WriteLog,
 }
 
-pub fn record(w: &Workload, seed: u64, drop_preflush: bool) -> Result<Recording, String> {
+pub fn record(
+    w: &Workload,
+    seed: u64,
+    drop_preflush: bool,
+    journal_data_kb: u64,
+) -> Result<Recording, String> {
     let logw = Arc::new(LogWrites::new(Arc::new(memory_device()?)));
     let top: wbstack::dev::DeviceRef = if drop_preflush {
         Arc::new(DropPreflush(logw.clone()))
@@ -665,7 +675,14 @@ pub fn record(w: &Workload, seed: u64, drop_preflush: bool) -> Result<Recording,
     let mkfs = logw.take_log();
     let mut base = SparseStore::new();
     mkfs.apply_prefix(&mut base, 0, mkfs.entries().len());
-    let vol = Volume::mount(q, quiet()).map_err(|e| format!("mount: {e}"))?;
+    let vol = Volume::mount(
+        q,
+        MountOptions {
+            journal_data_kb,
+            ..quiet()
+        },
+    )
+    .map_err(|e| format!("mount: {e}"))?;
     let root = vol.stat("/").map_err(|e| e.to_string())?.ino;
     let deferred = quiet().flush_on_close;
     let mut s = Script {
@@ -826,7 +843,7 @@ fn run_seed(
     o: &StatesOpts,
     out: &mut WorkloadStates,
 ) -> Result<(), String> {
-    let r = record(w, seed, o.drop_preflush)?;
+    let r = record(w, seed, o.drop_preflush, o.journal_data_kb)?;
     let windows = r.writes.windows();
     out.operations += r.log.len();
     out.device_writes += r

@@ -8,8 +8,9 @@ use std::fmt;
 pub const BLOCK_SIZE: usize = 4096;
 pub const SB_MAGIC: u64 = u64::from_le_bytes(*b"WBSTACK1");
 /// Version 2 added device nodes, FIFOs and sockets (their kinds and `rdev`) and
-/// extended attributes. Version 1 images are read and upgraded at mount.
-pub const FORMAT_VERSION: u32 = 2;
+/// extended attributes; version 3 journaled data blocks (`Record::DataBlock`,
+/// `Record::Revoke`). Older images are read and upgraded at mount.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 pub const TXN_MAGIC: u32 = u32::from_le_bytes(*b"TXN1");
@@ -394,6 +395,15 @@ pub enum Record {
     },
     /// Remove extended attribute `name` (v2).
     RemoveXattr { ino: u64, name: Vec<u8> },
+    /// Journaled data (v3, data=journal for small fsyncs): the whole content of data
+    /// block `block` (its final location), checked by its own CRC32C besides the
+    /// transaction's. Replay writes it home unless a later record revokes it; the
+    /// running filesystem writes it home right after the commit, and always before the
+    /// journal space holding it is reused (a checkpoint).
+    DataBlock { block: u64, data: Vec<u8> },
+    /// Block `block` was written in place through ordered data after an earlier
+    /// transaction journaled a copy of it (v3): replay must not write that older copy.
+    Revoke { block: u64 },
 }
 
 impl Record {
@@ -470,6 +480,12 @@ impl Record {
             }
             Record::RemoveXattr { ino, name } => {
                 w.u8(13).u64(*ino).bytes(name);
+            }
+            Record::DataBlock { block, data } => {
+                w.u8(14).u64(*block).u32(crc(data)).bytes(data);
+            }
+            Record::Revoke { block } => {
+                w.u8(15).u64(*block);
             }
         }
     }
@@ -570,6 +586,30 @@ impl Record {
                 ino: r.u64()?,
                 name: xattr_name(r)?,
             },
+            14 => {
+                let block = r.u64()?;
+                let stored = r.u32()?;
+                let data = r.bytes()?;
+                if data.len() != BLOCK_SIZE {
+                    return Err(FormatError::Corrupt(format!(
+                        "a journaled data block of {} bytes",
+                        data.len()
+                    )));
+                }
+                let computed = crc(data);
+                if stored != computed {
+                    return Err(FormatError::Checksum {
+                        what: "journaled data block",
+                        stored,
+                        computed,
+                    });
+                }
+                Record::DataBlock {
+                    block,
+                    data: data.to_vec(),
+                }
+            }
+            15 => Record::Revoke { block: r.u64()? },
             t => {
                 return Err(FormatError::Corrupt(format!(
                     "unknown journal record type {t}"

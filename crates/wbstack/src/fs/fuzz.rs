@@ -429,6 +429,8 @@ pub fn mount_options() -> MountOptions {
     let mut o = MountOptions::default();
     o.wb.dirty_writeback_centisecs = 0;
     o.commit_interval_ms = 3_600_000;
+    // Small fsyncs of a mounted image go through the journaled-data path too.
+    o.journal_data_kb = 16;
     o
 }
 

@@ -6,7 +6,9 @@
 //! PREFLUSH|FUA: PREFLUSH makes every data write that completed before it durable first
 //! (ordered data: extents are only logged once their data write completed), FUA makes
 //! the transaction itself durable. A transaction torn by a crash fails its CRC and ends
-//! the journal. When the journal is three quarters full (or at unmount) the committer
+//! the journal. With journaled data (`fs::jdata`) a transaction also carries small
+//! fsyncs' data blocks; replay keeps the newest unrevoked copy of each and mount writes
+//! them home before its checkpoint. When the journal is three quarters full (or at unmount) the committer
 //! writes a checkpoint instead: the whole metadata image, taken under the same lock that
 //! closes the transaction, to the older of the two slots; it commits that transaction,
 //! and the journal starts again at its first block. The slot it replaces is never the
@@ -14,7 +16,7 @@
 //! intact until the new checkpoint is durable.
 
 use super::error::{FsError, FsResult};
-use super::format::{Checkpoint, FormatError, Superblock, Txn, BLOCK_SIZE, SB_BLOCKS};
+use super::format::{Checkpoint, FormatError, Record, Superblock, Txn, BLOCK_SIZE, SB_BLOCKS};
 use super::meta::{ApplyMode, Meta};
 use super::volume::{Aops, JState, MountOptions, State, Vol, Volume};
 use crate::block::{BioFlags, RequestQueue};
@@ -25,7 +27,7 @@ use crate::trace;
 use crate::writeback::Bdi;
 use parking_lot::{Condvar, Mutex};
 use serde_json::json;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -121,6 +123,9 @@ pub struct Loaded {
     pub warnings: Vec<String>,
     /// A record that could not be applied (fsck mode only; mount fails instead).
     pub replay_error: Option<String>,
+    /// Journaled data blocks replay found, by final location (the newest copy of
+    /// each, none revoked): mount writes them home before its checkpoint.
+    pub jdata: BTreeMap<u64, Vec<u8>>,
 }
 
 /// Read the superblock (either copy), the newest valid checkpoint and replay the
@@ -227,19 +232,19 @@ pub fn load_after_superblock(
     warnings.extend(slot_errs);
     let mut meta = Meta::decode_image(&ckpt.image, sb.data_start, sb.nr_blocks)
         .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
-    let (last_tid, replayed, journal_end, replay_error) =
-        replay(q, &sb, &mut meta, ckpt.journal_pos, ckpt.tid, strict)?;
+    let r = replay(q, &sb, &mut meta, ckpt.journal_pos, ckpt.tid, strict)?;
     Ok(Loaded {
         sb,
         meta,
         ckpt_slot: slot,
         ckpt_seq: ckpt.seq,
         ckpt_tid: ckpt.tid,
-        last_tid,
-        txns_replayed: replayed,
-        journal_end,
+        last_tid: r.last_tid,
+        txns_replayed: r.txns,
+        journal_end: r.end,
         warnings,
-        replay_error,
+        replay_error: r.error,
+        jdata: r.jdata,
     })
 }
 
@@ -278,6 +283,15 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Vec<u8>), Strin
     Ok((orphans, ckpt))
 }
 
+/// What replay found.
+struct Replayed {
+    last_tid: u64,
+    txns: u64,
+    end: String,
+    error: Option<String>,
+    jdata: BTreeMap<u64, Vec<u8>>,
+}
+
 /// Apply the transactions after checkpoint `tid` found from journal block `pos` on.
 fn replay(
     q: &Arc<RequestQueue>,
@@ -286,9 +300,11 @@ fn replay(
     mut pos: u64,
     tid: u64,
     strict: bool,
-) -> FsResult<(u64, u64, String, Option<String>)> {
+) -> FsResult<Replayed> {
     let mut expect = tid + 1;
     let mut replayed = 0;
+    // The newest journaled copy of each block, unless revoked since.
+    let mut jdata: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
     // A window of journal blocks read in one IO: [win_start, win_start + win.len()).
     let mut win_start = u64::MAX;
     let mut win: Vec<u8> = Vec::new();
@@ -331,25 +347,47 @@ fn replay(
                 txn.tid
             );
         }
+        // This transaction's data and revokes, in order, kept only once all of it
+        // applied.
+        let mut txn_data: Vec<(u64, Option<&Vec<u8>>)> = Vec::new();
         for (k, rec) in txn.records.iter().enumerate() {
-            if let Err(e) = meta.apply(rec, ApplyMode::Replay) {
+            let applied = meta.apply(rec, ApplyMode::Replay);
+            match (rec, &applied) {
+                (Record::DataBlock { block, data }, Ok(())) => txn_data.push((*block, Some(data))),
+                (Record::Revoke { block }, Ok(())) => txn_data.push((*block, None)),
+                _ => {}
+            }
+            if let Err(e) = applied {
                 let msg = format!("journal transaction {expect}, record {k} ({rec:?}): {e}");
                 if strict {
                     return Err(FsError::Corrupt(msg));
                 }
-                return Ok((
-                    expect - 1,
-                    replayed,
-                    "a record that does not apply".into(),
-                    Some(msg),
-                ));
+                return Ok(Replayed {
+                    last_tid: expect - 1,
+                    txns: replayed,
+                    end: "a record that does not apply".into(),
+                    error: Some(msg),
+                    jdata,
+                });
             }
+        }
+        for (block, data) in txn_data {
+            match data {
+                Some(d) => jdata.insert(block, d.clone()),
+                None => jdata.remove(&block),
+            };
         }
         replayed += 1;
         expect += 1;
         pos += len / PAGE;
     };
-    Ok((expect - 1, replayed, end, None))
+    Ok(Replayed {
+        last_tid: expect - 1,
+        txns: replayed,
+        end,
+        error: None,
+        jdata,
+    })
 }
 
 impl Volume {
@@ -377,6 +415,12 @@ impl Volume {
             )));
         }
         let (orphans, ckpt) = prepare_mount(&mut l).map_err(FsError::Corrupt)?;
+        // Journaled data home before the checkpoint forgets the journal (its PREFLUSH
+        // makes these writes durable first). Replay checked each lies in the data area.
+        for (block, data) in &l.jdata {
+            debug_assert!(*block >= l.sb.data_start && *block < l.sb.nr_blocks);
+            q.write_sync(sector(*block), IoBuf::from_slice(data), BioFlags::empty())?;
+        }
         let slot = 1 - l.ckpt_slot;
         let seq = l.ckpt_seq + 1;
         q.write_sync(
@@ -433,6 +477,8 @@ impl Volume {
             sb: l.sb,
             clock,
             flush_on_close: AtomicBool::new(opts.flush_on_close),
+            journal_data_kb: AtomicU64::new(opts.journal_data_kb),
+            home: Default::default(),
             opts,
             st: Mutex::new(State {
                 meta: l.meta,
@@ -445,11 +491,16 @@ impl Volume {
                 aborted: None,
                 ordered: Vec::new(),
                 truncating: HashMap::new(),
+                jhome: Vec::new(),
+                jblocks: HashMap::new(),
+                txn_jdata_pages: 0,
+                jhome_first_ns: None,
                 wall_offset_ns,
             }),
             icache: Mutex::new(HashMap::new()),
             jn: Mutex::new(JState {
                 committed: l.last_tid,
+                released: l.last_tid,
                 want_tid: l.last_tid,
                 ckpt_seq: seq,
                 ckpt_slot: slot,
@@ -546,6 +597,30 @@ impl Vol {
         };
         let periodic = pending && first.is_some_and(|t| now >= t + interval);
         if !(need_commit || need_barrier || force || periodic) {
+            // Idle: journaled data held back for a batch goes home after a while.
+            let home_due = {
+                let mut st = self.st.lock();
+                match st.jhome_first_ns {
+                    Some(t) if now >= t + super::jdata::HOME_DELAY_NS => {
+                        st.jhome_first_ns = None;
+                        Some(std::mem::take(&mut st.jhome))
+                    }
+                    Some(t) => {
+                        drop(st);
+                        let deadline = first.map_or(now + interval, |f| f + interval);
+                        self.clock.wait_until(
+                            &self.jwaiter,
+                            deadline.min(t + super::jdata::HOME_DELAY_NS),
+                        );
+                        return true;
+                    }
+                    None => None,
+                }
+            };
+            if let Some(home) = home_due {
+                self.submit_home(home);
+                return true;
+            }
             let deadline = first.map_or(now + interval, |t| t + interval);
             self.clock.wait_until(&self.jwaiter, deadline);
             return true;
@@ -615,7 +690,7 @@ impl Vol {
             let j = self.jn.lock();
             (j.head, self.sb.journal_blocks)
         };
-        let (tid, payload, nrec) = {
+        let (tid, payload, nrec, home) = {
             let mut st = self.st.lock();
             // Ordered data (rename over an existing file): the transaction holding the
             // rename waits for the renamed file's data, so it cannot reach the disk
@@ -634,6 +709,16 @@ impl Vol {
                 }
                 if self.jn.lock().stop {
                     break;
+                }
+                // Before waiting: journaled data held back goes home. A thread that
+                // found none held back an instant before it was (claimed, not yet
+                // logged) sleeps on those pages, and may be what this wait needs (a
+                // sync pass of the flusher writing the ordered data).
+                if !st.jhome.is_empty() {
+                    st.jhome_first_ns = None;
+                    let home = std::mem::take(&mut st.jhome);
+                    parking_lot::MutexGuard::unlocked(&mut st, || self.submit_home(home));
+                    continue;
                 }
                 let timed_out = self
                     .ordered_cv
@@ -667,6 +752,7 @@ impl Vol {
             st.restate();
             let records = std::mem::take(&mut st.txn);
             let tid = st.running_tid;
+            st.txn_jdata_pages = 0;
             st.running_tid += 1;
             st.txn_first_ns = None;
             let nrec = records.len();
@@ -680,13 +766,31 @@ impl Vol {
             .encode();
             let blocks = enc.len() as u64 / PAGE;
             let ckpt = force_ckpt || head + blocks > jblocks * 3 / 4;
+            // Journaled data waiting for its home write goes now when the journal is
+            // about to start over, when this transaction frees blocks (released below
+            // once every home write up to it completed), or when enough has gathered
+            // (`jdata::HOME_BATCH`); else it waits for later commits, to go home in
+            // fewer, larger writes.
+            let home = if ckpt
+                || st.meta.alloc.deferred_blocks() > 0
+                || st.jhome.len() >= super::jdata::HOME_BATCH
+            {
+                st.jhome_first_ns = None;
+                std::mem::take(&mut st.jhome)
+            } else {
+                Vec::new()
+            };
             let payload = if ckpt {
+                // The journal is about to start over: no copy in it is replayed again.
+                debug_assert!(st.jhome.is_empty());
+                st.jblocks.clear();
                 Payload::Checkpoint(st.meta.encode_image())
             } else {
                 Payload::Txn(enc)
             };
-            (tid, payload, nrec)
+            (tid, payload, nrec, home)
         };
+        self.submit_home(home);
         // Every commit write carries PREFLUSH: it is a cache-flush barrier too.
         let gen = {
             let mut j = self.jn.lock();
@@ -707,6 +811,10 @@ impl Vol {
                 (r.map_err(FsError::from), n, head + n / PAGE, None)
             }
             Payload::Checkpoint(image) => {
+                // The checkpoint forgets the journal, and with it the only durable copy
+                // of journaled data not yet home: its home writes complete first (the
+                // checkpoint's PREFLUSH makes them durable before the checkpoint is).
+                self.wait_home(tid);
                 let (slot, seq) = {
                     let j = self.jn.lock();
                     (1 - j.ckpt_slot, j.ckpt_seq + 1)
@@ -738,10 +846,14 @@ impl Vol {
             self.abort(format!("a journal write failed ({e})"));
             return;
         }
+        // A home write must never land in a block another file got meanwhile: the
+        // blocks this transaction freed are released once its home writes completed.
+        self.wait_home(tid);
         self.st.lock().meta.alloc.commit(tid).ok();
         let took = self.now().saturating_sub(t0);
         let mut j = self.jn.lock();
         j.committed = tid;
+        j.released = tid;
         if let Some(g) = gen {
             j.barrier_done = g;
         }
@@ -771,12 +883,13 @@ impl Vol {
         );
     }
 
-    fn abort(&self, why: String) {
+    pub(super) fn abort(&self, why: String) {
         self.sb_err.set(libc::EIO);
         self.st.lock().aborted = Some(why.clone());
         self.jn.lock().error = Some(why);
         self.jcv.notify_all();
         self.settle_async();
+        self.fail_home();
     }
 
     /// Register asynchronous flushes with the committer: each completes (Ok) with the
@@ -888,6 +1001,18 @@ impl Vol {
         self.journal_wait(tid, None)
     }
 
+    /// [`Vol::commit_now`], then wait until the blocks that commit freed are free
+    /// (after the home writes of journaled data it carried).
+    pub(super) fn commit_and_release(&self) -> FsResult<()> {
+        let tid = self.st.lock().running_tid;
+        self.journal_wait(tid, None)?;
+        let mut j = self.jn.lock();
+        while j.released < tid && j.error.is_none() {
+            self.jcv.wait(&mut j);
+        }
+        Ok(())
+    }
+
     /// fsync / fdatasync of one inode, reporting writeback errors through the file's
     /// errseq cursor `since` (file_write_and_wait_range, then the journal).
     pub(super) fn fsync_ino(
@@ -897,17 +1022,31 @@ impl Vol {
         datasync: bool,
         since: &Mutex<u32>,
     ) -> FsResult<()> {
-        let r = mapping.write_and_wait_keep_errors(0, u64::MAX);
+        // Small: the dirty pages go into the running transaction (fs::jdata), and
+        // the commit below is their only write fsync waits for.
+        let journaled = self.journal_data(ino, mapping);
+        let r = if journaled {
+            Ok(())
+        } else {
+            mapping.write_and_wait_keep_errors(0, u64::MAX)
+        };
         let e = mapping.wb_err().check_and_advance(&mut since.lock());
-        r?;
-        super::volume::errno_result(e)?;
+        let res = r
+            .map_err(FsError::from)
+            .and_then(|()| super::volume::errno_result(e));
+        // Journaled pages stay under writeback until the commit carrying them: it is
+        // asked for even when an older error is reported.
+        if res.is_err() && !journaled {
+            return res;
+        }
         {
             let mut st = self.st.lock();
             self.wait_truncations(&mut st, Some(ino));
             self.resolve_trunc(&mut st, ino)?;
         }
         let (tid, gen) = self.sync_point(ino, datasync);
-        self.journal_wait(tid, gen)
+        let w = self.journal_wait(tid, gen);
+        res.and(w)
     }
 
     pub(super) fn unmount(&self) -> FsResult<()> {
@@ -954,6 +1093,7 @@ impl Vol {
         }
         self.jcv.notify_all();
         self.settle_async();
+        self.fail_home();
         self.jwaiter.kick();
         if let Some(h) = self.committer.lock().take() {
             if h.thread().id() != std::thread::current().id() {

@@ -463,6 +463,17 @@ impl Meta {
                 let new = i.extra_bytes();
                 self.image_bytes = self.image_bytes + new - old;
             }
+            // Data, not metadata: replay (journal.rs) writes it home; here only its
+            // place is checked, so an image can never send it outside the data area.
+            Record::DataBlock { block, .. } => {
+                let sp = self.alloc.space();
+                if *block < sp.first_data_block() || *block >= sp.nr_blocks() {
+                    return bad(format!(
+                        "journaled data for block {block}, outside the data area"
+                    ));
+                }
+            }
+            Record::Revoke { .. } => {}
         }
         Ok(())
     }

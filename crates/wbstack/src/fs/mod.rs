@@ -19,6 +19,7 @@ pub mod format;
 pub mod fsck;
 #[doc(hidden)]
 pub mod fuzz;
+mod jdata;
 pub mod journal;
 pub mod meta;
 pub mod ops;

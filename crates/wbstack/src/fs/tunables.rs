@@ -23,6 +23,7 @@ pub const TUNABLES: &[&str] = &[
     "writeback_plug",
     "expire_first",
     "flush_on_close",
+    "journal_data_kb",
     "iostats",
 ];
 
@@ -49,6 +50,7 @@ impl Volume {
             "writeback_plug" => flag(wb.writeback_plug),
             "expire_first" => flag(wb.expire_first),
             "flush_on_close" => flag(self.vol.flush_on_close.load(Ordering::Relaxed)),
+            "journal_data_kb" => self.vol.journal_data_kb.load(Ordering::Relaxed).to_string(),
             "iostats" => q.iostats().to_string(),
             _ => return Err(unknown(key)),
         })
@@ -83,6 +85,10 @@ impl Volume {
                 .vol
                 .flush_on_close
                 .store(o.flush_on_close, Ordering::Relaxed),
+            "journal_data_kb" => self
+                .vol
+                .journal_data_kb
+                .store(o.journal_data_kb, Ordering::Relaxed),
             _ => self.bdi().set_config(o.wb),
         }
         Ok(())

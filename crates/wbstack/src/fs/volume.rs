@@ -58,6 +58,10 @@ pub struct MountOptions {
     /// How wbt judges a window's reads (`min`: the fastest, as the kernel's wbt;
     /// `tail`: one in ten late, blk-iolatency's rule); None leaves the queue's setting.
     pub wbt_judge: Option<crate::block::wbt::WbtJudge>,
+    /// Journaled data (`fs::jdata`): an fsync finding at most this many KiB of dirty
+    /// data in its inode carries the data in the commit (one device write) instead of
+    /// writing it first (ordered data). 0 turns it off.
+    pub journal_data_kb: u64,
 }
 
 impl Default for MountOptions {
@@ -72,6 +76,7 @@ impl Default for MountOptions {
             wbt_lat_usec: None,
             wbt_scale_up_when_limited: None,
             wbt_judge: None,
+            journal_data_kb: 0,
         }
     }
 }
@@ -82,7 +87,7 @@ impl MountOptions {
         dirty_ratio, dirty_background_ratio, dirty_bytes, dirty_background_bytes, \
         dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
         max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec, \
-        wbt_scale_up_when_limited, wbt_judge";
+        wbt_scale_up_when_limited, wbt_judge, journal_data_kb";
 
     /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
     /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
@@ -142,6 +147,13 @@ impl MountOptions {
                 )
             }
             "max_batch_time" => self.max_batch_us = num()?,
+            // KiB; a suffixed size is bytes.
+            "journal_data_kb" => {
+                self.journal_data_kb = match value.trim().parse::<u64>() {
+                    Ok(kib) => kib,
+                    Err(_) => size()?.div_ceil(1024),
+                }
+            }
             _ => {
                 return Err(FsError::Invalid(format!(
                     "unknown option '{key}' (known: {})",
@@ -273,6 +285,9 @@ pub struct JournalStats {
     pub committed_tid: u64,
     /// Commits requested by fsync (each waiter counts once).
     pub sync_waits: u64,
+    /// fsyncs whose data went into the journal (`journal_data_kb`), and the blocks.
+    pub data_fsyncs: u64,
+    pub data_blocks: u64,
 }
 
 /// Per-inode state that is not on disk: reservations, writes in flight, opens, and
@@ -382,6 +397,16 @@ pub(super) struct State {
     /// syncfs wait for these to finish before resolving and committing, or they would
     /// commit neither the write nor the truncation.
     pub truncating: HashMap<u64, u32>,
+    /// Journaled blocks waiting for their home write (`fs::jdata`), in log order.
+    pub jhome: Vec<super::jdata::JHome>,
+    /// Blocks journaled since the last checkpoint (the ones replay may write), with
+    /// the transaction of their newest copy: an ordered write to one must revoke it.
+    pub jblocks: HashMap<u64, u64>,
+    /// Pages of data journaled in the running transaction.
+    pub txn_jdata_pages: u64,
+    /// When the oldest entry of `jhome` was journaled (the committer sends them home
+    /// once idle this long after it).
+    pub jhome_first_ns: Option<u64>,
     /// Added to the volume clock's time to give an inode timestamp: wall-clock time
     /// on a real clock, 0 on a manual one (tests stay deterministic). Scheduling (commit
     /// intervals) keeps the clock's own time.
@@ -590,6 +615,9 @@ impl State {
 #[derive(Default)]
 pub(super) struct JState {
     pub committed: u64,
+    /// The last transaction whose freed blocks were released (after the home writes
+    /// of the journaled data it carried; `committed` otherwise).
+    pub released: u64,
     /// Highest transaction someone waits for.
     pub want_tid: u64,
     /// Cache-flush generations: started and completed (every commit is one too).
@@ -629,6 +657,10 @@ pub(super) struct Vol {
     pub opts: MountOptions,
     /// `opts.flush_on_close`, switchable at run time (`Volume::set_tunable`).
     pub flush_on_close: AtomicBool,
+    /// `opts.journal_data_kb`, switchable at run time.
+    pub journal_data_kb: AtomicU64,
+    /// Home writes of journaled data in flight (`fs::jdata`).
+    pub home: Arc<super::jdata::HomeWrites>,
     pub st: Mutex<State>,
     pub icache: Mutex<HashMap<u64, Arc<Mapping>>>,
     pub jn: Mutex<JState>,
@@ -720,7 +752,7 @@ impl AddressSpaceOps for Aops {
                 if vol.st.lock().meta.alloc.deferred_blocks() == 0 {
                     return Err(BlkError::NoSpace);
                 }
-                vol.commit_now().map_err(|_| BlkError::NoSpace)?;
+                vol.commit_and_release().map_err(|_| BlkError::NoSpace)?;
                 self.try_prepare_write(ino, index, n)
             }
             r => r,
@@ -800,6 +832,12 @@ impl AddressSpaceOps for Aops {
         Ok(runs)
     }
 
+    fn writeback_wait(&self, _ino: u64) {
+        if let Ok(vol) = self.vol() {
+            vol.kick_home();
+        }
+    }
+
     fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError> {
         let vol = self.vol()?;
         let st = vol.st.lock();
@@ -849,6 +887,22 @@ impl AddressSpaceOps for Aops {
         let gen = vol.barrier_started.load(Ordering::Acquire);
         let mut st = vol.st.lock();
         let blk = sector / SECTORS_PER_BLOCK;
+        if status.is_ok() && !st.jblocks.is_empty() {
+            // Written in place over a block the journal holds an older copy of (this
+            // file's, or another's it was freed from): replay must not write that copy
+            // over this data. fsync of the inode waits for the revoke's transaction.
+            for b in blk..blk + n {
+                // A block waiting to be sent home belongs to a page under writeback
+                // (or, freed, is not released before its home write): never written
+                // here meanwhile.
+                debug_assert!(st.jhome.iter().all(|h| h.block != b));
+                if st.jblocks.remove(&b).is_some()
+                    && st.log(Record::Revoke { block: b }, &[ino], now).is_err()
+                {
+                    return;
+                }
+            }
+        }
         // How far this write extends the file's data on disk: all of it for an
         // overwrite of blocks already mapped, only the blocks it mapped for new ones (a
         // write truncated away while in flight must not bring the size back).

@@ -33,6 +33,10 @@ pub trait AddressSpaceOps: Send + Sync + 'static {
     fn write_inode(&self, _ino: u64, _sync: bool) -> BlkResult {
         Ok(())
     }
+    /// A thread is about to sleep until pages of `ino` leave writeback: a filesystem
+    /// holding the writes of some back (journaled data waiting for its home write)
+    /// sends them now. Called without the mapping's lock.
+    fn writeback_wait(&self, _ino: u64) {}
     /// A data write of pages [index, index+n) to `sector` (as `map_write` returned it)
     /// completed, with the file `i_size` bytes long at that moment (ordered-data hook:
     /// only now may metadata pointing at these blocks be journaled).
@@ -338,6 +342,23 @@ impl Mapping {
             mapping: self.me.clone(),
             index,
         });
+    }
+
+    /// Mark one page dirty, counted at once; returns whether it was clean. (`write_at`
+    /// counts its pages per batch instead, see `publish`.)
+    fn set_dirty(&self, inner: &mut Inner, index: u64) -> bool {
+        let Some(p) = inner.pages.get_mut(&index) else {
+            debug_assert!(false, "set_dirty of a missing page {index}");
+            return false;
+        };
+        if p.dirty {
+            return false;
+        }
+        p.dirty = true;
+        inner.nr_dirty += 1;
+        self.cache().nr_dirty.fetch_add(1, Ordering::Relaxed);
+        self.bdi.account_dirtied(1);
+        true
     }
 
     fn clear_dirty(&self, p: &mut Page, nr_dirty: &mut u64) {
@@ -703,7 +724,10 @@ impl Mapping {
         // An extension cuts nothing: no old content past the end to wait for.
         let shrink = size < inner.size;
         while self.cut_pages(&mut inner, size, true) && shrink {
-            self.cv.wait(&mut inner);
+            MutexGuard::unlocked(&mut inner, || self.ops.writeback_wait(self.ino));
+            if self.cut_pages(&mut inner, size, true) {
+                self.cv.wait(&mut inner);
+            }
         }
     }
 
@@ -832,8 +856,12 @@ impl Mapping {
                             skip = true;
                             break;
                         }
-                        // Our own plugged bios may be what it waits for.
-                        MutexGuard::unlocked(&mut inner, crate::block::flush_plug);
+                        // Our own plugged bios may be what it waits for, or writes the
+                        // filesystem holds back.
+                        MutexGuard::unlocked(&mut inner, || {
+                            crate::block::flush_plug();
+                            self.ops.writeback_wait(self.ino);
+                        });
                         if inner.pages.get(&k).is_some_and(|p| p.writeback) {
                             self.cv.wait(&mut inner);
                         }
@@ -937,10 +965,77 @@ impl Mapping {
         first_err
     }
 
+    /// Claim every dirty page for a write the filesystem makes itself (data journaled
+    /// in a commit, `fs::jdata`): when 1 to `max` pages are dirty and no page is
+    /// under writeback, each is cleaned, put under writeback and copied, as
+    /// `writepages` claims a page. The filesystem ends their writeback with
+    /// [`Mapping::end_claimed`] or gives them back with [`Mapping::unclaim`].
+    pub fn claim_dirty(&self, max: u64) -> Option<Vec<(u64, IoBuf)>> {
+        let mut inner = self.inner.lock();
+        // Nothing of the inode in flight: once claimed, every page under writeback is
+        // one the caller writes, so it need not wait for any other.
+        if inner.nr_dirty == 0 || inner.nr_dirty > max || inner.nr_wb > 0 {
+            return None;
+        }
+        let keys: Vec<u64> = inner
+            .pages
+            .iter()
+            .filter(|(_, p)| p.dirty)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            let mut nd = inner.nr_dirty;
+            let p = inner.pages.get_mut(&k).expect("listed above");
+            self.clear_dirty(p, &mut nd);
+            p.writeback = true;
+            out.push((k, IoBuf::from_slice(p.buf.as_slice())));
+            inner.nr_dirty = nd;
+            inner.nr_wb += 1;
+        }
+        drop(inner);
+        let n = out.len() as u64;
+        self.cache().nr_writeback.fetch_add(n, Ordering::Relaxed);
+        self.bdi.account_writeback_start(n);
+        self.bdi
+            .inode_writeback_start(&(self.arc() as Arc<dyn WbInode>));
+        Some(out)
+    }
+
+    /// End the writeback of pages claimed by [`Mapping::claim_dirty`] (their home
+    /// write completed, or failed: the error goes to the mapping as any write error),
+    /// without the filesystem's `end_write`: their metadata went with the data.
+    pub fn end_claimed(&self, index: u64, n: u64, status: BlkResult) {
+        self.end_writeback_as(index, n, None, status);
+    }
+
+    /// Give back pages claimed by [`Mapping::claim_dirty`] that the filesystem did not
+    /// take after all: dirty again (if still here) and out of writeback.
+    pub fn unclaim(&self, pages: &[u64]) {
+        {
+            let mut inner = self.inner.lock();
+            for &k in pages {
+                if inner.pages.get(&k).is_some_and(|p| p.writeback) {
+                    self.set_dirty(&mut inner, k);
+                }
+            }
+        }
+        for &k in pages {
+            self.end_writeback_as(k, 1, None, Ok(()));
+        }
+        self.bdi.mark_inode_dirty(self.arc());
+    }
+
     fn end_writeback(&self, index: u64, n: u64, sector: u64, status: BlkResult) {
-        let size = self.size();
-        self.ops
-            .end_write(self.ino, index, n, sector, size, &status);
+        self.end_writeback_as(index, n, Some(sector), status);
+    }
+
+    fn end_writeback_as(&self, index: u64, n: u64, sector: Option<u64>, status: BlkResult) {
+        if let Some(sector) = sector {
+            let size = self.size();
+            self.ops
+                .end_write(self.ino, index, n, sector, size, &status);
+        }
         let mut inner = self.inner.lock();
         for i in index..index + n {
             if let Some(p) = inner.pages.get_mut(&i) {
@@ -983,7 +1078,10 @@ impl Mapping {
             }
         };
         while busy(&inner) {
-            self.cv.wait(&mut inner);
+            MutexGuard::unlocked(&mut inner, || self.ops.writeback_wait(self.ino));
+            if busy(&inner) {
+                self.cv.wait(&mut inner);
+            }
         }
     }
 

@@ -1,0 +1,419 @@
+//! Journaled data for small fsyncs (ext4's data=journal, for the writes it pays off
+//! for): an fsync of an inode with at most `journal_data_kb` of dirty data carries
+//! that data in the commit itself, so one PREFLUSH|FUA write makes the data, its
+//! extents and the size durable together, instead of a data write and then a commit.
+//!
+//! The path, all of it decided here and in `journal.rs`:
+//! - `Vol::journal_data` (fsync): claims the inode's dirty pages (cleaned, under
+//!   writeback, copied: `Mapping::claim_dirty`), then under `st` finds each page's block
+//!   (its mapped block, overwritten in place, or a new one from its delayed-allocation
+//!   reservation) and logs, in the running transaction, a `Record::DataBlock` per page
+//!   (final location, bytes, CRC), the `MapExtent`s of new blocks and the new size.
+//!   The pages stay under writeback until their home write: nothing else writes them,
+//!   and reclaim cannot drop them while their home block is stale.
+//! - Home writes are held back so that many go in few, large writes (`submit_home`,
+//!   one plug: adjacent blocks merge): `Vol::commit` sends them all, at the close of
+//!   a transaction, once `HOME_BATCH` blocks gathered, when the transaction frees
+//!   blocks, or before a checkpoint; the committer sends them once idle `HOME_DELAY_NS`;
+//!   and any thread about to sleep on pages under writeback sends them at once
+//!   (`AddressSpaceOps::writeback_wait` → `kick_home`), so no wait on those pages ever
+//!   depends on a commit (a sync pass of the flusher may be what a commit's ordered
+//!   data waits for). A home write may land before its commit, as ordered data does:
+//!   a new block is not yet referenced, a mapped one is overwritten in place. Their
+//!   completions end the pages' writeback. A transaction's freed blocks are released,
+//!   and a checkpoint (which forgets the journal) is written, only once every home
+//!   write sent up to it completed (`wait_home`), and both send every held-back one
+//!   first: a home write never lands in a block another file got, and the journal
+//!   copy is never forgotten before its block is home.
+//! - Replay (`journal.rs: replay`) keeps the last journaled copy of each block and
+//!   mount writes them home before its checkpoint. A block written in place through
+//!   ordered data after a journaled copy of it (the same file rewriting it, or another
+//!   file it was freed to) is revoked (`Record::Revoke`, logged by `Aops::end_write`
+//!   in the transaction fsync then waits for), so replay never writes the older copy
+//!   over newer data. `State::jblocks` lists the blocks journaled since the last
+//!   checkpoint (the only ones replay can write), so only those need a revoke.
+
+use super::error::FsResult;
+use super::format::{InodeKind, Record, BLOCK_SIZE};
+use super::volume::{State, Vol};
+use crate::block::{Bio, BioEndIo, BioFlags, BlkError, BlkResult, Plug};
+use crate::buf::IoBuf;
+use crate::mm::Mapping;
+use parking_lot::{Condvar, Mutex};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+
+const PAGE: u64 = BLOCK_SIZE as u64;
+/// Journaled blocks gathered before a commit sends them home (1 MiB).
+pub(super) const HOME_BATCH: usize = 256;
+/// How long journaled blocks wait for a batch once the journal is idle.
+pub(super) const HOME_DELAY_NS: u64 = 20 * crate::clock::NSEC_PER_MSEC;
+const SECTORS_PER_BLOCK: u64 = PAGE / 512;
+
+/// The policy, in one place: does an fsync finding `dirty_pages` dirty pages carry them
+/// in the running transaction, which already carries `txn_pages` journaled pages?
+/// `limit_kb` is the `journal_data_kb` mount option (0: never, today's ordered path);
+/// a transaction carries at most `journal_blocks / 8` pages of data (and never more
+/// than 1 MiB), so the journal stays mostly metadata and a commit one modest write.
+pub(super) fn journal_data_fits(
+    limit_kb: u64,
+    dirty_pages: u64,
+    txn_pages: u64,
+    journal_blocks: u64,
+) -> bool {
+    let txn_max = (journal_blocks / 8).min(256);
+    limit_kb > 0
+        && dirty_pages > 0
+        && dirty_pages * (PAGE / 1024) <= limit_kb
+        && txn_pages + dirty_pages <= txn_max
+}
+
+/// A journaled block waiting for its home write.
+pub(super) struct JHome {
+    /// The transaction carrying its copy.
+    pub tid: u64,
+    pub block: u64,
+    pub data: IoBuf,
+    pub mapping: Arc<Mapping>,
+    pub index: u64,
+}
+
+impl Vol {
+    /// fsync's journaled-data path: put the inode's dirty pages in the running
+    /// transaction if the policy takes them. True when it did (every page dirty at the
+    /// call is then in the transaction fsync waits for); false leaves everything to
+    /// the ordered path.
+    pub(super) fn journal_data(&self, ino: u64, mapping: &Mapping) -> bool {
+        let limit_kb = self
+            .journal_data_kb
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if limit_kb == 0 {
+            return false;
+        }
+        // The home write ends the pages' writeback long after fsync returns.
+        let Some(mapping) = self
+            .icache
+            .lock()
+            .get(&ino)
+            .filter(|m| std::ptr::eq(m.as_ref(), mapping))
+            .cloned()
+        else {
+            return false;
+        };
+        let mapping = &mapping;
+        let max_pages = limit_kb / (PAGE / 1024);
+        {
+            // A cheap look first: most refusals need no claim.
+            let st = self.st.lock();
+            let nd = mapping.nr_dirty();
+            if !journal_data_fits(limit_kb, nd, st.txn_jdata_pages, self.sb.journal_blocks)
+                || !eligible(&st, ino)
+            {
+                return false;
+            }
+        }
+        let Some(pages) = mapping.claim_dirty(max_pages) else {
+            return false;
+        };
+        let now = self.now();
+        let mut st = self.st.lock();
+        let taken = journal_data_fits(
+            limit_kb,
+            pages.len() as u64,
+            st.txn_jdata_pages,
+            self.sb.journal_blocks,
+        ) && eligible(&st, ino)
+            && self.log_pages(&mut st, ino, mapping, &pages, now).is_ok();
+        drop(st);
+        if !taken {
+            let idx: Vec<u64> = pages.iter().map(|(k, _)| *k).collect();
+            mapping.unclaim(&idx);
+        }
+        taken
+    }
+
+    /// Log the claimed `pages` of `ino` (all of them or, on an error, nothing that
+    /// matters: an error here means the journal aborted).
+    fn log_pages(
+        &self,
+        st: &mut State,
+        ino: u64,
+        mapping: &Arc<Mapping>,
+        pages: &[(u64, IoBuf)],
+        now: u64,
+    ) -> FsResult<()> {
+        let i_size = mapping.size();
+        // Blocks first: mapped ones are overwritten in place, the others are allocated
+        // from the reservation write() made, consecutive pages together.
+        let inode = st.meta.inodes.get(&ino).expect("eligible");
+        let unmapped: Vec<u64> = pages
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| inode.lookup_block(*p).is_none())
+            .collect();
+        // Every unmapped dirty page normally holds a reservation; take any missing one
+        // before changing anything, so a failure leaves nothing half done.
+        let live = st.live.entry(ino).or_default();
+        let missing = unmapped
+            .iter()
+            .filter(|p| !live.delalloc.contains(p))
+            .count() as u64;
+        if missing > 0 {
+            st.meta
+                .alloc
+                .reserve(missing)
+                .map_err(|_| super::error::FsError::NoSpace)?;
+        }
+        let live = st.live.entry(ino).or_default();
+        for p in &unmapped {
+            live.delalloc.remove(p);
+        }
+        let mut blocks: Vec<(u64, u64)> = Vec::with_capacity(pages.len());
+        let mut new_runs: Vec<(u64, u64, u64)> = Vec::new(); // (file block, start, len)
+        let mut k = 0;
+        while k < pages.len() {
+            let p = pages[k].0;
+            let inode = st.meta.inodes.get(&ino).expect("eligible");
+            if let Some(b) = inode.lookup_block(p) {
+                blocks.push((p, b));
+                k += 1;
+                continue;
+            }
+            let mut n = 1;
+            while k + (n as usize) < pages.len()
+                && pages[k + n as usize].0 == p + n
+                && inode.lookup_block(p + n).is_none()
+            {
+                n += 1;
+            }
+            // Continue the file where its previous block is, else the cursor.
+            let goal = p
+                .checked_sub(1)
+                .and_then(|prev| {
+                    blocks
+                        .iter()
+                        .rev()
+                        .find(|(q, _)| *q == prev)
+                        .map(|(_, b)| *b)
+                        .or_else(|| inode.lookup_block(prev))
+                })
+                .map(|b| b + 1);
+            let pieces = st.meta.alloc.alloc_reserved(n, goal).map_err(|e| {
+                super::error::FsError::Corrupt(format!("allocating journaled data: {e}"))
+            })?;
+            let mut fb = p;
+            for (s, len) in pieces {
+                for j in 0..len {
+                    blocks.push((fb + j, s + j));
+                }
+                new_runs.push((fb, s, len));
+                fb += len;
+            }
+            k += n as usize;
+        }
+        debug_assert_eq!(blocks.len(), pages.len());
+        let tid = st.running_tid;
+        for ((p, b), (_, data)) in blocks.iter().zip(pages) {
+            // Its previous copy was sent home before this page could be claimed again.
+            debug_assert!(
+                st.jhome.iter().all(|h| h.block != *b),
+                "block {b} journaled twice before its home write"
+            );
+            st.log(
+                Record::DataBlock {
+                    block: *b,
+                    data: data.as_slice().to_vec(),
+                },
+                &[ino],
+                now,
+            )?;
+            st.jblocks.insert(*b, tid);
+            st.jhome_first_ns.get_or_insert(now);
+            st.jhome.push(JHome {
+                tid,
+                block: *b,
+                data: data.clone(),
+                mapping: mapping.clone(),
+                index: *p,
+            });
+        }
+        st.txn_jdata_pages += pages.len() as u64;
+        {
+            let mut j = self.jn.lock();
+            j.stats.data_fsyncs += 1;
+            j.stats.data_blocks += pages.len() as u64;
+        }
+        for (fb, s, len) in new_runs {
+            st.log(
+                Record::MapExtent {
+                    ino,
+                    file_block: fb,
+                    start: s,
+                    len,
+                },
+                &[ino],
+                now,
+            )?;
+        }
+        let last = pages.last().map_or(0, |(p, _)| *p);
+        let written_end = ((last + 1) * PAGE).min(i_size);
+        if let Some(i) = st.meta.inodes.get_mut(&ino) {
+            if written_end > i.size {
+                i.size = written_end;
+                st.txn_inodes.insert(ino);
+                st.touch(&[ino], false, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// Submit the home writes of journaled blocks (one plug: adjacent blocks merge),
+    /// without waiting: each completion ends its pages' writeback. Called by the
+    /// committer without `st`, before the transaction carrying them closes (so before
+    /// any wait of the commit: a thread waiting for these pages never waits for the
+    /// commit). A home write may land before its commit, as ordered data does: a new
+    /// block is not referenced yet, a mapped one is overwritten in place.
+    pub(super) fn submit_home(&self, mut home: Vec<JHome>) {
+        if home.is_empty() {
+            return;
+        }
+        home.sort_by_key(|h| h.block);
+        let vol = self.aops.vol.lock().clone();
+        let _plug = Plug::start();
+        let mut i = 0;
+        while i < home.len() {
+            let mut j = i + 1;
+            while j < home.len() && home[j].block == home[j - 1].block + 1 {
+                j += 1;
+            }
+            let mut buf = IoBuf::zeroed((j - i) * BLOCK_SIZE);
+            for (x, h) in home[i..j].iter().enumerate() {
+                buf.as_mut_slice()[x * BLOCK_SIZE..(x + 1) * BLOCK_SIZE]
+                    .copy_from_slice(h.data.as_slice());
+            }
+            // Counted under the oldest transaction among them: waiting for any of
+            // theirs waits for this write.
+            let tid = home[i..j].iter().map(|h| h.tid).min().expect("a run");
+            *self.home.pending.lock().entry(tid).or_default() += 1;
+            let end = Arc::new(HomeEnd {
+                vol: vol.clone(),
+                home: self.home.clone(),
+                tid,
+                pages: home[i..j]
+                    .iter()
+                    .map(|h| (h.mapping.clone(), h.index))
+                    .collect(),
+            });
+            let bio = Bio::write(home[i].block * SECTORS_PER_BLOCK, buf)
+                .with_flags(BioFlags::SYNC)
+                .with_end_io(end.clone());
+            if let Err(e) = self.q.submit_bio(bio) {
+                end.done(Err(e));
+            }
+            i = j;
+        }
+    }
+
+    /// Send every held-back home write now (a thread is about to wait for one of them).
+    pub(super) fn kick_home(&self) {
+        let home = {
+            let mut st = self.st.lock();
+            if st.jhome.is_empty() {
+                return;
+            }
+            st.jhome_first_ns = None;
+            std::mem::take(&mut st.jhome)
+        };
+        self.submit_home(home);
+        // Inside a caller's plug (writepages), submit_home's own plug is nested and
+        // holds nothing back: the caller is about to sleep on these writes.
+        crate::block::flush_plug();
+    }
+
+    /// Wait until every home write of transactions up to `tid` completed (before the
+    /// blocks that transaction freed are released, and before a checkpoint).
+    pub(super) fn wait_home(&self, tid: u64) {
+        crate::block::flush_plug();
+        let mut p = self.home.pending.lock();
+        while p.range(..=tid).next().is_some() {
+            self.home.cv.wait(&mut p);
+        }
+    }
+
+    /// The journal failed: journaled pages not yet sent home never will be; end their
+    /// writeback with the error (every open file is told through errseq).
+    pub(super) fn fail_home(&self) {
+        let home = std::mem::take(&mut self.st.lock().jhome);
+        for h in home {
+            h.mapping.end_claimed(h.index, 1, Err(BlkError::Io));
+        }
+    }
+}
+
+/// Home writes in flight, by transaction (a leaf lock).
+#[derive(Default)]
+pub(super) struct HomeWrites {
+    pending: Mutex<BTreeMap<u64, u64>>,
+    cv: Condvar,
+}
+
+/// The completion of one home write.
+struct HomeEnd {
+    vol: Weak<Vol>,
+    home: Arc<HomeWrites>,
+    tid: u64,
+    pages: Vec<(Arc<Mapping>, u64)>,
+}
+
+impl HomeEnd {
+    fn done(&self, status: BlkResult) {
+        for (m, index) in &self.pages {
+            m.end_claimed(*index, 1, status.clone());
+        }
+        if let Err(e) = &status {
+            // The next checkpoint would forget the only good copy: stop here.
+            if let Some(v) = self.vol.upgrade() {
+                v.sb_err.set(e.errno());
+                v.abort(format!("a home write of journaled data failed ({e})"));
+            }
+        }
+        let mut p = self.home.pending.lock();
+        if let Some(n) = p.get_mut(&self.tid) {
+            *n -= 1;
+            if *n == 0 {
+                p.remove(&self.tid);
+            }
+        } else {
+            debug_assert!(
+                false,
+                "a home write of transaction {} ended twice",
+                self.tid
+            );
+        }
+        drop(p);
+        self.home.cv.notify_all();
+    }
+}
+
+impl BioEndIo for HomeEnd {
+    fn end_io(&self, _bio: Bio, status: BlkResult) {
+        self.done(status);
+    }
+}
+
+/// May `ino`'s data take the journaled path now? Not while anything else is in
+/// flight for it: an ordered write (its extent is logged at its end), a deferred or
+/// running truncation (they decide what the file's blocks are).
+fn eligible(st: &State, ino: u64) -> bool {
+    st.aborted.is_none()
+        && st
+            .meta
+            .inodes
+            .get(&ino)
+            .is_some_and(|i| i.kind == InodeKind::File)
+        && !st.truncating.contains_key(&ino)
+        && st
+            .live
+            .get(&ino)
+            .is_none_or(|l| !l.trunc_pending && l.pending.is_empty() && l.deferred_maps.is_empty())
+}
