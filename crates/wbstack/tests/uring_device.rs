@@ -75,6 +75,21 @@ fn device(dir: &Path, size: &str) -> Option<(UringDevice, PathBuf)> {
     Some((dev, path))
 }
 
+/// A 1 MiB device whose first 16 KiB hold `pattern(seed)`, then its file cut to 10 KiB
+/// under it: a read crossing 10 KiB comes back short.
+fn shrunk_under_the_device(dir: &Path, seed: u64) -> (UringDevice, Vec<u8>) {
+    let (dev, path) = device(dir, "1M").expect("io_uring was probed");
+    let a = pattern(seed, 16384);
+    run(&dev, write_rq(0, &a)).1.unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(10240)
+        .unwrap();
+    (dev, a)
+}
+
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 / 7) % 251) as u8)
@@ -416,17 +431,7 @@ fn discard_punches_a_hole() {
 #[test]
 fn short_read_is_resubmitted_then_fails_at_end_of_file() {
     let dir = tmpdir();
-    let Some((dev, path)) = device(dir.path(), "1M") else {
-        return;
-    };
-    let a = pattern(11, 16384);
-    run(&dev, write_rq(0, &a)).1.unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(10240)
-        .unwrap();
+    let (dev, a) = shrunk_under_the_device(dir.path(), 11);
 
     // Single buffer (READ): 10 KiB arrive, the 6 KiB remainder reads nothing.
     let before = dev.stats();
@@ -827,17 +832,7 @@ fn private_ring_teardown_with_requests_in_flight() {
 #[test]
 fn short_read_on_a_private_ring() {
     let dir = tmpdir();
-    let Some((dev, path)) = device(dir.path(), "1M") else {
-        return;
-    };
-    let a = pattern(12, 16384);
-    run(&dev, write_rq(0, &a)).1.unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(10240)
-        .unwrap();
+    let (dev, a) = shrunk_under_the_device(dir.path(), 12);
     assert_eq!(dev.poll(0, 0), 0);
     let before = dev.stats();
     let c = Collector::new();
