@@ -263,18 +263,29 @@ pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<Dirty
     })
 }
 
+/// Run `io(off, n)` over [0, len) in chunks of at most `bs` bytes; `io` returns the
+/// bytes it moved, and 0 (end of file) ends the walk. Returns the bytes moved.
+fn in_chunks(
+    len: u64,
+    bs: u64,
+    mut io: impl FnMut(u64, usize) -> wbstack::fs::FsResult<usize>,
+) -> Result<u64, String> {
+    let mut off = 0u64;
+    while off < len {
+        match io(off, bs.min(len - off) as usize).map_err(|e| e.to_string())? {
+            0 => break,
+            got => off += got as u64,
+        }
+    }
+    Ok(off)
+}
+
 /// Rewrite the first `len` bytes of `f` (clean and cached after the read pass) in
 /// writes of `buf`; MiB/s.
 fn cached_rewrite(f: &wbstack::fs::File, len: u64, buf: &[u8]) -> Result<f64, String> {
-    let bs = buf.len() as u64;
     let t = Instant::now();
-    let mut off = 0u64;
-    while off < len {
-        let n = bs.min(len - off) as usize;
-        f.write_at(off, &buf[..n]).map_err(|e| e.to_string())?;
-        off += n as u64;
-    }
-    Ok(off as f64 / t.elapsed().as_secs_f64().max(1e-9) / (1u64 << 20) as f64)
+    let bytes = in_chunks(len, buf.len() as u64, |off, n| f.write_at(off, &buf[..n]))?;
+    Ok(bytes as f64 / t.elapsed().as_secs_f64().max(1e-9) / (1u64 << 20) as f64)
 }
 
 struct CachedRead {
@@ -292,17 +303,7 @@ fn cached_read(
     bs: u64,
 ) -> Result<CachedRead, String> {
     let mut buf = vec![0u8; bs as usize];
-    let pass = |buf: &mut [u8]| -> Result<u64, String> {
-        let mut off = 0u64;
-        while off < len {
-            let n = bs.min(len - off) as usize;
-            match f.read_at(off, &mut buf[..n]).map_err(|e| e.to_string())? {
-                0 => break,
-                got => off += got as u64,
-            }
-        }
-        Ok(off)
-    };
+    let pass = |buf: &mut [u8]| in_chunks(len, bs, |off, n| f.read_at(off, &mut buf[..n]));
     pass(&mut buf)?;
     let before = q.diskstats();
     let t = Instant::now();

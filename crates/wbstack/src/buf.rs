@@ -59,7 +59,7 @@ impl IoBuf {
     /// One buffer holding `parts` back to back. Its memory is written once, by the
     /// copies, never zeroed first: writeback gathers each run of pages this way, and
     /// zeroing half a megabyte before overwriting it cost as much as the copy.
-    pub fn concat<'a>(parts: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> IoBuf {
+    pub fn concat<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> IoBuf {
         let len: usize = parts.clone().map(<[u8]>::len).sum();
         if len <= IO_ALIGN {
             let mut b = IoBuf::zeroed(len);

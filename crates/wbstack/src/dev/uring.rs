@@ -515,9 +515,7 @@ impl Shared {
             self.submit();
         }
         let n = r.finished.len();
-        for (rq, done, status) in r.finished.drain(..) {
-            done.complete(rq, status);
-        }
+        complete_all(&mut r.finished);
         (n, live)
     }
 }
@@ -687,23 +685,15 @@ fn poll_private(sh: &Arc<Shared>, timeout_ns: u64, finished: &mut Vec<Finished>)
         })
         .ok()
         .flatten();
-    for l in dead {
-        l.finish();
-    }
+    // Dropping a ring drains it (Private's Drop), outside the thread's ring list.
+    drop(dead);
     r
 }
 
 /// Move out the private rings of dropped devices, to be drained and closed outside the
 /// borrow.
 fn take_dead(v: &mut Vec<Private>, dead: &mut Vec<Private>) {
-    let mut i = 0;
-    while i < v.len() {
-        if v[i].sh.dropped.load(Ordering::Relaxed) {
-            dead.push(v.swap_remove(i));
-        } else {
-            i += 1;
-        }
-    }
+    dead.extend(v.extract_if(.., |l| l.sh.dropped.load(Ordering::Relaxed)));
 }
 
 /// For the block layer's waits (a tag, a wbt slot, a synchronous bio): a thread whose
@@ -728,9 +718,8 @@ pub fn poll_own_rings(timeout_ns: u64) -> Option<usize> {
         .ok()
         .flatten();
     complete_all(&mut finished);
-    for l in dead {
-        l.finish();
-    }
+    // Dropping a ring drains it (Private's Drop), outside the thread's ring list.
+    drop(dead);
     r
 }
 
@@ -827,10 +816,6 @@ impl Private {
             self.submit();
         }
         finished.len() - before
-    }
-
-    fn finish(self) {
-        drop(self);
     }
 }
 
@@ -1286,9 +1271,8 @@ impl Drop for UringDevice {
             })
             .ok()
             .flatten();
-        if let Some(l) = mine {
-            l.finish();
-        }
+        // Dropping the ring drains it (Private's Drop).
+        drop(mine);
         {
             let mut g = sh.inner.lock();
             g.closing = true;

@@ -286,11 +286,7 @@ impl Vol {
             while j < home.len() && home[j].block == home[j - 1].block + 1 {
                 j += 1;
             }
-            let mut buf = IoBuf::zeroed((j - i) * BLOCK_SIZE);
-            for (x, h) in home[i..j].iter().enumerate() {
-                buf.as_mut_slice()[x * BLOCK_SIZE..(x + 1) * BLOCK_SIZE]
-                    .copy_from_slice(h.data.as_slice());
-            }
+            let buf = IoBuf::concat(home[i..j].iter().map(|h| h.data.as_slice()));
             // Counted under the oldest transaction among them: waiting for any of
             // theirs waits for this write.
             let tid = home[i..j].iter().map(|h| h.tid).min().expect("a run");

@@ -242,7 +242,7 @@ struct Inner {
 
 /// Pages one `write_at` fills, or one `read_at` copies, under one hold of the
 /// mapping's lock.
-const WRITE_BATCH_PAGES: usize = 64;
+const BATCH_PAGES: usize = 64;
 
 /// What a batch of `write_at` did that others must learn (`Mapping::publish`).
 #[derive(Default)]
@@ -393,7 +393,7 @@ impl Mapping {
             let in_page = (pos % PAGE_SIZE as u64) as usize;
             let n = (PAGE_SIZE - in_page).min(data.len() - done);
             let partial = in_page != 0 || n != PAGE_SIZE;
-            if batch.pages >= WRITE_BATCH_PAGES {
+            if batch.pages >= BATCH_PAGES {
                 // Let writeback and readers in between batches of a long write.
                 self.publish(&mut batch);
                 drop(inner);
@@ -582,7 +582,7 @@ impl Mapping {
             // batch: a lock per page cost as much as the copy.
             let marker = inner.ra.marker;
             let mut held = 1;
-            while done < len && held < WRITE_BATCH_PAGES && marker != Some(next) {
+            while done < len && held < BATCH_PAGES && marker != Some(next) {
                 let Some(p) = inner.pages.get_mut(&next) else {
                     break;
                 };
@@ -724,10 +724,7 @@ impl Mapping {
         // An extension cuts nothing: no old content past the end to wait for.
         let shrink = size < inner.size;
         while self.cut_pages(&mut inner, size, true) && shrink {
-            MutexGuard::unlocked(&mut inner, || self.ops.writeback_wait(self.ino));
-            if self.cut_pages(&mut inner, size, true) {
-                self.cv.wait(&mut inner);
-            }
+            self.sleep_on_writeback(&mut inner, |m, i| m.cut_pages(i, size, true));
         }
     }
 
@@ -856,15 +853,9 @@ impl Mapping {
                             skip = true;
                             break;
                         }
-                        // Our own plugged bios may be what it waits for, or writes the
-                        // filesystem holds back.
-                        MutexGuard::unlocked(&mut inner, || {
-                            crate::block::flush_plug();
-                            self.ops.writeback_wait(self.ino);
+                        self.sleep_on_writeback(&mut inner, |_, i| {
+                            i.pages.get(&k).is_some_and(|p| p.writeback)
                         });
-                        if inner.pages.get(&k).is_some_and(|p| p.writeback) {
-                            self.cv.wait(&mut inner);
-                        }
                     }
                     if skip {
                         continue;
@@ -1066,6 +1057,24 @@ impl Mapping {
         self.cv.notify_all();
     }
 
+    /// Sleep until a page leaves writeback. First, without the lock, send what may be
+    /// what the sleeper waits for: this thread's plugged bios, and writes the
+    /// filesystem holds back (`AddressSpaceOps::writeback_wait`); then sleep only if
+    /// `still` (re-checked under the lock) says the wait is still needed.
+    fn sleep_on_writeback(
+        &self,
+        inner: &mut MutexGuard<'_, Inner>,
+        still: impl FnOnce(&Self, &mut Inner) -> bool,
+    ) {
+        MutexGuard::unlocked(inner, || {
+            crate::block::flush_plug();
+            self.ops.writeback_wait(self.ino);
+        });
+        if still(self, inner) {
+            self.cv.wait(inner);
+        }
+    }
+
     /// Wait until no page in [lo, hi] is under writeback.
     pub fn wait_writeback(&self, lo: u64, hi: u64) {
         crate::block::flush_plug();
@@ -1078,10 +1087,7 @@ impl Mapping {
             }
         };
         while busy(&inner) {
-            MutexGuard::unlocked(&mut inner, || self.ops.writeback_wait(self.ino));
-            if busy(&inner) {
-                self.cv.wait(&mut inner);
-            }
+            self.sleep_on_writeback(&mut inner, |_, i| busy(i));
         }
     }
 
