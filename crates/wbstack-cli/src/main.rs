@@ -11,7 +11,7 @@ use wbstack_cli::benchfs::{self, BenchFs};
 use wbstack_cli::blkbench::{self, BlkJob, Rw};
 use wbstack_cli::fsmark::{self, FsmarkOpts, SyncMethod};
 use wbstack_cli::lab::{self, LabOpts};
-use wbstack_cli::labfs;
+
 use wbstack_cli::readlat::{self, ReadlatOpts};
 use wbstack_cli::tardd::{self, TarSource, TarddOpts};
 use wbstack_cli::util::{duration_arg, size_arg};
@@ -481,17 +481,27 @@ fn run_lab(a: LabArgs) -> Result<(), String> {
     };
     let opts = LabOpts {
         quick: a.quick || a.experiment.is_none(),
+        full: false,
         json: a.json,
         rounds: a.rounds,
         runtime: a.runtime,
+        sink: wbstack_cli::progress::Sink::detect(),
     };
     for name in names {
         match name.as_str() {
-            "inflight" => emit(&lab::inflight(&opts)?, a.json, lab::print_inflight)?,
-            "plug" => emit(&labfs::plug(&opts)?, a.json, labfs::print_plug)?,
-            "expire" => emit(&labfs::expire(&opts)?, a.json, labfs::print_expire)?,
-            "fsync" => emit(&labfs::fsync(&opts)?, a.json, labfs::print_fsync)?,
-            "wbt" => emit(&labfs::wbt(&opts)?, a.json, labfs::print_wbt)?,
+            "inflight" => emit(
+                &lab::inflight::inflight(&opts)?,
+                a.json,
+                lab::inflight::print_inflight,
+            )?,
+            "plug" => emit(&lab::plug::plug(&opts)?, a.json, lab::plug::print_plug)?,
+            "expire" => emit(
+                &lab::expire::expire(&opts)?,
+                a.json,
+                lab::expire::print_expire,
+            )?,
+            "fsync" => emit(&lab::fsync::fsync(&opts)?, a.json, lab::fsync::print_fsync)?,
+            "wbt" => emit(&lab::wbt::wbt(&opts)?, a.json, lab::wbt::print_wbt)?,
             other => {
                 return Err(format!(
                     "unknown experiment '{other}' (known: {})",

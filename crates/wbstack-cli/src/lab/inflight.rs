@@ -1,22 +1,10 @@
-//! `wbstack lab`: the seed experiments, each arm run in one process, printed beside the
-//! figures of the LKML thread it reproduces.
+//! Seed 002: the cost of in-flight accounting (iostats off, atomic, tags) on a null device.
 
 use crate::blkbench::{self, BlkJob, BlkReport, Rw};
+use crate::lab::{Experiment, LabOpts};
 use serde::Serialize;
 use std::time::Duration;
 use wbstack::block::IoStatsMode;
-
-/// Every experiment that exists so far.
-pub const EXPERIMENTS: &[&str] = &["plug", "expire", "inflight", "wbt", "fsync"];
-
-#[derive(Clone, Debug)]
-pub struct LabOpts {
-    pub quick: bool,
-    pub json: bool,
-    /// Repetitions of each arm (interleaved; the median is reported).
-    pub rounds: Option<usize>,
-    pub runtime: Option<Duration>,
-}
 
 #[derive(Serialize)]
 pub struct InflightArm {
@@ -33,14 +21,6 @@ pub struct InflightArm {
     pub vs_off: f64,
     /// IOPS of every round, in run order.
     pub rounds_iops: Vec<f64>,
-}
-
-#[derive(Serialize)]
-pub struct Experiment<A: Serialize> {
-    pub experiment: &'static str,
-    pub arms: Vec<A>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
 }
 
 fn median_by_iops(mut v: Vec<BlkReport>) -> (BlkReport, Vec<f64>) {

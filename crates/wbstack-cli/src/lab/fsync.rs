@@ -1,0 +1,221 @@
+//! Seed 004: fs_mark with fsync, group commit and async flush.
+
+use crate::benchfs::BenchFs;
+use crate::fsmark::{self, FsmarkOpts, SyncMethod};
+use crate::lab::{fmt_int, Experiment, LabOpts};
+use crate::volfs;
+use serde::Serialize;
+use std::sync::Arc;
+
+#[derive(Serialize, Clone, Debug)]
+pub struct FsyncArm {
+    pub name: String,
+    /// fs_mark's -S: "0", "1" or "A".
+    pub sync: String,
+    pub threads: usize,
+    /// The mount's journal_data_kb (0: ordered data, the default).
+    pub journal_data_kb: u64,
+    pub files: u64,
+    /// fs_mark's average files/s over the loops.
+    pub files_per_sec: f64,
+    pub files_per_sec_incl_sync: f64,
+    /// fs_mark's files/s in the last loop: the sustained-writeback phase, with more
+    /// files written than the page cache holds.
+    pub last_loop_files_per_sec: f64,
+    /// fsync calls (-S1) or asynchronous flushes (-A).
+    pub fsyncs: u64,
+    /// Cache flushes the device executed (empty flushes and PREFLUSH writes).
+    pub device_flushes: u64,
+    pub fsyncs_per_flush: f64,
+    pub journal_commits: u64,
+    pub write_ios: u64,
+    pub write_iops: f64,
+    /// fsyncs retired per device IO (writes + flushes), the seed's "10 per IO".
+    pub fsyncs_per_device_io: f64,
+    pub cpu_s: f64,
+    pub wall_s: f64,
+}
+
+/// The device of seed 004's sketch: an SSD with a volatile cache (each flush costs
+/// flush_lat) behind a 27,000-IOPS controller.
+pub const FSYNC_DEVICE: &str = "sim:ssd,size=32G";
+/// journal_data_kb of the journaled-data arms.
+pub const FSYNC_JDATA_KB: u64 = 64;
+/// Asynchronous flushes each thread keeps in flight in the -A arm: an aio ring's worth.
+pub const FSYNC_ASYNC_DEPTH: usize = 1024;
+
+/// Seed 004: fs_mark of 4 KiB files with 8 threads at -S0, -S1 and -A, and 1 thread at
+/// -S1, each on a fresh volume.
+pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
+    use wbstack::dev::sim::SimDevice;
+    // The page cache holds a quarter of what the 8-thread arms write, so the last loop
+    // runs in the seed's sustained-writeback phase (dirty pages at the thresholds,
+    // writeback setting the pace) rather than filling an empty cache.
+    let (files, loops, cache) = if o.quick {
+        (2_000u64, 2u32, "32M")
+    } else {
+        (10_000, 2, "160M")
+    };
+    let mut mount = wbstack::fs::MountOptions::default();
+    mount
+        .parse(&format!("cache_size={cache}"))
+        .map_err(|e| e.to_string())?;
+    // The last two arms: the same -S1 runs with journaled data (fs::jdata), each
+    // fsync's data carried in its commit.
+    let arms_spec: [(&str, SyncMethod, usize, u64); 6] = [
+        ("S0-8", SyncMethod::None, 8, 0),
+        ("S1-8", SyncMethod::Fsync, 8, 0),
+        ("A-8", SyncMethod::Async, 8, 0),
+        ("S1-1", SyncMethod::Fsync, 1, 0),
+        ("S1-8j", SyncMethod::Fsync, 8, FSYNC_JDATA_KB),
+        ("S1-1j", SyncMethod::Fsync, 1, FSYNC_JDATA_KB),
+    ];
+    let mut arms = Vec::new();
+    for (name, sync, threads, jdata_kb) in arms_spec {
+        if !o.json {
+            crate::util::status(&format!("  fsync: {name}"));
+        }
+        let mopts = wbstack::fs::MountOptions {
+            journal_data_kb: jdata_kb,
+            ..mount.clone()
+        };
+        let vfs = Arc::new(volfs::VolumeFs::format(FSYNC_DEVICE, mopts)?);
+        let q = vfs.volume().queue().clone();
+        let sim = || {
+            q.device()
+                .as_any()
+                .downcast_ref::<SimDevice>()
+                .map(|s| s.stats())
+                .unwrap_or_default()
+        };
+        let before = sim();
+        // The 1-thread arm writes as many files per thread as the others in total would
+        // take too long at fsync speed: a quarter of one thread's share is enough to
+        // measure its rate.
+        let per_thread = if threads == 1 { files / 4 } else { files };
+        let opts = FsmarkOpts {
+            dirs: (0..threads).map(|i| i.to_string()).collect(),
+            subdirs: 100,
+            files: per_thread,
+            size: 4096,
+            loops,
+            sync,
+            async_depth: FSYNC_ASYNC_DEPTH,
+            final_sync: true,
+            ..Default::default()
+        };
+        let r = fsmark::run(&opts, vfs.clone() as Arc<dyn BenchFs>)?;
+        let after = sim();
+        let t = &r.totals;
+        let flushes = after.flushes - before.flushes;
+        let device_ios = (after.writes - before.writes) + flushes;
+        arms.push(FsyncArm {
+            name: name.into(),
+            sync: match sync {
+                SyncMethod::None => "0",
+                SyncMethod::Fsync => "1",
+                SyncMethod::Async => "A",
+            }
+            .into(),
+            threads,
+            journal_data_kb: jdata_kb,
+            files: t.files,
+            files_per_sec: t.files_per_sec,
+            files_per_sec_incl_sync: t.files_per_sec_incl_sync,
+            last_loop_files_per_sec: r.loops.last().map_or(0.0, |l| l.files_per_sec),
+            fsyncs: t.fsyncs,
+            device_flushes: flushes,
+            fsyncs_per_flush: t.fsyncs as f64 / flushes.max(1) as f64,
+            journal_commits: vfs.volume().journal_stats().commits,
+            write_ios: t.write_ios.unwrap_or(0),
+            write_iops: t.write_iops.unwrap_or(0.0),
+            fsyncs_per_device_io: t.fsyncs as f64 / device_ios.max(1) as f64,
+            cpu_s: t.cpu_s,
+            wall_s: t.wall_s,
+        });
+    }
+    if !o.json {
+        crate::util::status_done();
+    }
+    Ok(Experiment {
+        experiment: "fsync",
+        arms,
+        note: Some(format!(
+            "fs_mark -D 100 -n {files} -s 4096 -L {loops} per thread (1-thread arm: {} files), {FSYNC_DEVICE} (flush 200 us, 27,000 write IOPS), page cache {cache} (a quarter of what 8 threads write); -A keeps {FSYNC_ASYNC_DEPTH} flushes in flight per thread",
+            files / 4
+        )),
+    })
+}
+
+pub fn print_fsync(e: &Experiment<FsyncArm>) {
+    println!("seed 004 — writeback errors, fsync batching, async flush (open-write-[flush]-close of 4 KiB files)");
+    if let Some(n) = &e.note {
+        println!("{n}");
+    }
+    println!();
+    println!(
+        "{:<6} {:>7} {:>11} {:>11} {:>11} {:>8} {:>9} {:>8} {:>9} {:>9} {:>8}",
+        "arm",
+        "threads",
+        "files/s",
+        "last loop",
+        "incl sync",
+        "fsyncs",
+        "flushes",
+        "commits",
+        "fsyncs/",
+        "write",
+        "fsyncs/"
+    );
+    println!(
+        "{:<6} {:>7} {:>11} {:>11} {:>11} {:>8} {:>9} {:>8} {:>9} {:>9} {:>8}",
+        "", "", "(fs_mark)", "(sustained)", "", "", "(device)", "", "flush", "IOPS", "dev IO"
+    );
+    println!("{}", "-".repeat(108));
+    for a in &e.arms {
+        println!(
+            "{:<6} {:>7} {:>11} {:>11} {:>11} {:>8} {:>9} {:>8} {:>9.1} {:>9} {:>8.1}",
+            a.name,
+            a.threads,
+            fmt_int(a.files_per_sec),
+            fmt_int(a.last_loop_files_per_sec),
+            fmt_int(a.files_per_sec_incl_sync),
+            a.fsyncs,
+            a.device_flushes,
+            a.journal_commits,
+            a.fsyncs_per_flush,
+            fmt_int(a.write_iops),
+            a.fsyncs_per_device_io
+        );
+    }
+    println!();
+    println!("the seed (XFS, 8 threads, 10 million 4 KiB files, sustained writeback phase):");
+    println!("  -S0 ~35,000 files/s (~2,000 IOPS); -S1 ~1,000 files/s (~2 IOs per fsync); -A ~30,000 files/s, ~10 fsyncs retired per device IO");
+    let get = |n: &str| e.arms.iter().find(|a| a.name == n);
+    if let (Some(s0), Some(s1), Some(a), Some(one)) =
+        (get("S0-8"), get("S1-8"), get("A-8"), get("S1-1"))
+    {
+        println!();
+        println!(
+            "-A: {:.0}% of -S0's files/s in the sustained last loop, {:.0}% including the final sync ({:.0}% of fs_mark's rate); {:.1} fsyncs per device flush; 8-thread -S1 is {:.1}x 1-thread -S1",
+            a.last_loop_files_per_sec / s0.last_loop_files_per_sec.max(1e-9) * 100.0,
+            a.files_per_sec_incl_sync / s0.files_per_sec_incl_sync.max(1e-9) * 100.0,
+            a.files_per_sec / s0.files_per_sec.max(1e-9) * 100.0,
+            a.fsyncs_per_flush,
+            s1.files_per_sec / one.files_per_sec.max(1e-9)
+        );
+    }
+    if let (Some(s1), Some(one), Some(j8), Some(j1)) =
+        (get("S1-8"), get("S1-1"), get("S1-8j"), get("S1-1j"))
+    {
+        println!(
+            "journal_data_kb={FSYNC_JDATA_KB} (the j arms): 8-thread -S1 is {:.1}x 1-thread -S1 (ordered data: {:.1}x), {:.1} fsyncs per device IO (ordered: {:.1}); files/s {:.2}x and {:.2}x ordered data's (8 and 1 thread)",
+            j8.files_per_sec / j1.files_per_sec.max(1e-9),
+            s1.files_per_sec / one.files_per_sec.max(1e-9),
+            j8.fsyncs_per_device_io,
+            s1.fsyncs_per_device_io,
+            j8.files_per_sec / s1.files_per_sec.max(1e-9),
+            j1.files_per_sec / one.files_per_sec.max(1e-9)
+        );
+    }
+}
