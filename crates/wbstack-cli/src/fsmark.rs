@@ -83,6 +83,8 @@ pub struct FsmarkOpts {
     pub final_sync: bool,
     /// Progress lines on stderr.
     pub progress: bool,
+    /// Counters to bump as the run goes (a sampler reads them); None: a private one.
+    pub meter: Option<std::sync::Arc<crate::meter::Meter>>,
 }
 
 impl Default for FsmarkOpts {
@@ -102,6 +104,7 @@ impl Default for FsmarkOpts {
             async_depth: 64,
             final_sync: true,
             progress: false,
+            meter: None,
         }
     }
 }
@@ -427,14 +430,15 @@ pub fn run_with(
             o.size
         ));
     }
-    let done = Arc::new(AtomicU64::new(0));
+    let meter = o.meter.clone().unwrap_or_default();
+    let done = &meter.ops;
     let target_files = o.files * threads as u64 * o.loops as u64;
     let _progress = {
-        let done = done.clone();
+        let meter = meter.clone();
         Progress::start(o.progress, Duration::from_secs(2), move || {
             format!(
                 "fsmark: {} of {} files",
-                done.load(Ordering::Relaxed),
+                meter.ops(),
                 target_files
             )
         })
@@ -456,8 +460,7 @@ pub fn run_with(
                 .map(|i| {
                     let fs = fs.clone();
                     let dir = dirs[i % dirs.len()].clone();
-                    let done = done.clone();
-                    s.spawn(move || thread_loop(o, &*fs, &dir, i, &done))
+                    s.spawn(move || thread_loop(o, &*fs, &dir, i, done))
                 })
                 .collect();
             hs.into_iter()

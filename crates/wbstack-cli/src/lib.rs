@@ -8,6 +8,7 @@ pub mod fio;
 pub mod fsmark;
 pub mod hog;
 pub mod lab;
+pub mod meter;
 pub mod mount;
 pub mod progress;
 pub mod readlat;

@@ -617,6 +617,7 @@ fn run_fsmark(a: FsmarkArgs) -> Result<(), String> {
         async_depth: a.async_depth,
         final_sync: !a.no_final_sync,
         progress: !a.target.json,
+        meter: None,
     };
     let json = a.target.json;
     for fs in targets {
@@ -663,6 +664,7 @@ fn run_tardd(a: TarddArgs) -> Result<(), String> {
         dd_bs: 1 << 20,
         dir: a.dir.clone(),
         progress: !a.target.json,
+        meter: None,
     };
     for fs in targets {
         let r = tardd::run(&o, fs)?;
@@ -696,6 +698,7 @@ fn run_readlat(a: ReadlatArgs) -> Result<(), String> {
         keep: a.keep,
         seed: a.seed,
         progress: !a.on.json,
+        meter: None,
     };
     for fs in targets {
         let name = fs.name();

@@ -24,7 +24,7 @@ use rand::{RngCore, SeedableRng};
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,6 +63,8 @@ pub struct ReadlatOpts {
     pub keep: bool,
     pub seed: u64,
     pub progress: bool,
+    /// Counters to bump as the run goes (a sampler reads them); None: a private one.
+    pub meter: Option<std::sync::Arc<crate::meter::Meter>>,
 }
 
 impl Default for ReadlatOpts {
@@ -83,6 +85,7 @@ impl Default for ReadlatOpts {
             keep: false,
             seed: 1,
             progress: false,
+            meter: None,
         }
     }
 }
@@ -229,7 +232,7 @@ struct Shared {
     error: Mutex<Option<String>>,
     printed: AtomicUsize,
     print_max: usize,
-    bytes_read: AtomicU64,
+    meter: Arc<crate::meter::Meter>,
 }
 
 impl Shared {
@@ -246,15 +249,24 @@ impl Shared {
 
     /// Record one read's or write's latency since `start`; a late one counts in `over`
     /// and is printed (up to --print-max), as read-to-pipe-async does.
-    fn record(&self, what: &str, start: Instant, hist: &mut Histogram<u64>, over: &mut u64) {
+    /// Returns whether it was late.
+    fn record(
+        &self,
+        what: &str,
+        start: Instant,
+        hist: &mut Histogram<u64>,
+        over: &mut u64,
+    ) -> bool {
         let us = start.elapsed().as_micros() as u64;
         hist.saturating_record(us);
-        if us > self.target_us {
+        let late = us > self.target_us;
+        if late {
             *over += 1;
             if self.printed.fetch_add(1, Ordering::Relaxed) < self.print_max {
                 eprintln!("{what} latency={us} usec");
             }
         }
+        late
     }
 }
 
@@ -307,8 +319,12 @@ fn reader(sh: Arc<Shared>) -> (Histogram<u64>, u64) {
                 }
             }
         }
-        sh.record("read", s, &mut hist, &mut over);
-        sh.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        let late = sh.record("read", s, &mut hist, &mut over);
+        sh.meter.ops.fetch_add(1, Ordering::Relaxed);
+        sh.meter.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        if late {
+            sh.meter.late.fetch_add(1, Ordering::Relaxed);
+        }
         sh.pool.lock().busy -= 1;
         {
             let mut d = done.flag.lock();
@@ -519,7 +535,7 @@ pub fn run(o: &ReadlatOpts, fs: Arc<dyn BenchFs>) -> Result<ReadlatReport, Strin
         error: Mutex::new(None),
         printed: AtomicUsize::new(0),
         print_max: if o.progress { o.print_max } else { 0 },
-        bytes_read: AtomicU64::new(0),
+        meter: o.meter.clone().unwrap_or_default(),
     });
 
     let hogs = Hogs::start(o.hogs, o.hog_mem);
@@ -546,7 +562,7 @@ pub fn run(o: &ReadlatOpts, fs: Arc<dyn BenchFs>) -> Result<ReadlatReport, Strin
         Progress::start(o.progress, Duration::from_secs(2), move || {
             format!(
                 "readlat: {} of {} MiB read",
-                sh.bytes_read.load(Ordering::Relaxed) >> 20,
+                sh.meter.bytes() >> 20,
                 size >> 20
             )
         })

@@ -32,6 +32,8 @@ pub struct TarddOpts {
     /// Directory inside the target: the tree goes to DIR/tree, dd writes DIR/zero.
     pub dir: String,
     pub progress: bool,
+    /// Counters to bump as the run goes (a sampler reads them); None: a private one.
+    pub meter: Option<std::sync::Arc<crate::meter::Meter>>,
 }
 
 impl Default for TarddOpts {
@@ -45,6 +47,7 @@ impl Default for TarddOpts {
             dd_bs: 1 << 20,
             dir: "tardd".into(),
             progress: false,
+            meter: None,
         }
     }
 }
@@ -345,15 +348,15 @@ pub fn run(o: &TarddOpts, fs: Arc<dyn BenchFs>) -> Result<TarddReport, String> {
     if !dir.is_empty() {
         fs.mkdir_all(&dir).map_err(err("tardd: mkdir"))?;
     }
-    let files_done = Arc::new(AtomicU64::new(0));
-    let dd_done = Arc::new(AtomicU64::new(0));
+    let meter = o.meter.clone().unwrap_or_default();
+    let (files_done, dd_done) = (&meter.ops, &meter.bytes);
     let _progress = {
-        let (f, d, total) = (files_done.clone(), dd_done.clone(), o.dd_size);
+        let (m, total) = (meter.clone(), o.dd_size);
         Progress::start(o.progress, Duration::from_secs(2), move || {
             format!(
                 "tardd: {} files extracted, dd {} of {} MiB",
-                f.load(Ordering::Relaxed),
-                d.load(Ordering::Relaxed) >> 20,
+                m.ops(),
+                m.bytes() >> 20,
                 total >> 20
             )
         })
@@ -364,13 +367,13 @@ pub fn run(o: &TarddOpts, fs: Arc<dyn BenchFs>) -> Result<TarddReport, String> {
         let tar_h = s.spawn(|| {
             barrier.wait();
             let t = Instant::now();
-            let r = extract(&*fs, archive, &tree, &files_done);
+            let r = extract(&*fs, archive, &tree, files_done);
             (r, t.elapsed().as_secs_f64())
         });
         let dd_h = s.spawn(|| {
             barrier.wait();
             let t = Instant::now();
-            let r = dd(&*fs, &zero, o.dd_size, o.dd_bs, &dd_done);
+            let r = dd(&*fs, &zero, o.dd_size, o.dd_bs, dd_done);
             (r, t.elapsed().as_secs_f64())
         });
         barrier.wait();

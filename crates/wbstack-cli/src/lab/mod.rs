@@ -5,7 +5,9 @@ pub mod expire;
 pub mod fsync;
 pub mod inflight;
 pub mod kernel;
+pub mod plots;
 pub mod plug;
+pub mod timeline;
 pub mod wbt;
 
 use serde::Serialize;

@@ -76,6 +76,18 @@ pub struct SimStats {
     /// Requests failed with EIO by `eio`/`eio_after`.
     pub eio_injected: u64,
     pub power_cuts: u64,
+    /// Writes by size: bucket i counts writes of at most `4 KiB << i` bytes (and more
+    /// than the bucket before); the last counts the larger ones.
+    pub write_size_hist: [u64; WRITE_SIZE_BUCKETS],
+}
+
+/// Buckets of [`SimStats::write_size_hist`]: 4 KiB to 2 MiB, then larger.
+pub const WRITE_SIZE_BUCKETS: usize = 11;
+
+/// The bucket of a write of `bytes` in [`SimStats::write_size_hist`].
+pub fn write_size_bucket(bytes: u64) -> usize {
+    let blocks = bytes.div_ceil(4096).max(1);
+    (blocks.next_power_of_two().trailing_zeros() as usize).min(WRITE_SIZE_BUCKETS - 1)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -344,6 +356,7 @@ impl Model {
             Op::Write => {
                 s.writes += 1;
                 s.bytes_written += rq.bytes();
+                s.write_size_hist[write_size_bucket(rq.bytes())] += 1;
                 s.fua_writes += rq.flags.contains(BioFlags::FUA) as u64;
                 s.flushes += rq.flags.contains(BioFlags::PREFLUSH) as u64;
             }
@@ -1084,6 +1097,17 @@ impl Device for SimDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn write_sizes_fall_in_power_of_two_buckets() {
+        assert_eq!(write_size_bucket(512), 0);
+        assert_eq!(write_size_bucket(4096), 0);
+        assert_eq!(write_size_bucket(4097), 1);
+        assert_eq!(write_size_bucket(128 << 10), 5);
+        assert_eq!(write_size_bucket(2 << 20), 9);
+        assert_eq!(write_size_bucket(4 << 20), WRITE_SIZE_BUCKETS - 1);
+        assert_eq!(write_size_bucket(64 << 20), WRITE_SIZE_BUCKETS - 1);
+    }
 
     fn ssd_model(iops: u64, bw: u64, par: usize) -> Model {
         let t = SsdTiming {

@@ -134,6 +134,20 @@ impl WorkHandle {
     }
 }
 
+/// Where dirty memory stands against balance_dirty_pages' levels, in pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DirtyLevels {
+    pub nr_dirty: u64,
+    pub nr_writeback: u64,
+    /// Background writeback starts above this.
+    pub bg_thresh: u64,
+    pub thresh: u64,
+    /// `(freerun + limit) / 2`, where the controller steers dirty pages.
+    pub setpoint: u64,
+    /// The hard limit the controller steers against (`hard_dirty_limit`).
+    pub limit: u64,
+}
+
 /// Counters for tools and tests.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct WbStats {
@@ -275,6 +289,28 @@ impl Bdi {
     /// Fairness of the rounds so far (seed 001's figures).
     pub fn fairness(&self) -> policy::FairnessStats {
         self.lists.lock().fairness()
+    }
+    /// Record every flusher visit from now on (seed 001's per-inode figures); the log
+    /// grows by one record per visit, so only experiments of bounded size turn it on.
+    pub fn enable_history(&self) {
+        self.lists.lock().enable_history();
+    }
+    /// The visits recorded since [`Self::enable_history`].
+    pub fn visit_log(&self) -> Vec<policy::VisitRecord> {
+        self.lists.lock().visit_log().to_vec()
+    }
+    /// Dirty and writeback pages now, against the throttle's levels.
+    pub fn dirty_levels(&self) -> DirtyLevels {
+        let (thresh, bg_thresh) = self.thresholds();
+        let t = self.throttle.lock();
+        DirtyLevels {
+            nr_dirty: self.nr_dirty(),
+            nr_writeback: self.nr_writeback(),
+            bg_thresh,
+            thresh,
+            setpoint: t.setpoint(thresh, bg_thresh),
+            limit: t.hard_dirty_limit(thresh),
+        }
     }
     /// (thresh, bg_thresh) in pages, from the cache size (the dirtyable memory).
     pub fn thresholds(&self) -> (u64, u64) {
