@@ -436,11 +436,7 @@ pub fn run_with(
     let _progress = {
         let meter = meter.clone();
         Progress::start(o.progress, Duration::from_secs(2), move || {
-            format!(
-                "fsmark: {} of {} files",
-                meter.ops(),
-                target_files
-            )
+            format!("fsmark: {} of {} files", meter.ops(), target_files)
         })
     };
     // The totals cover the loops and the final sync, not the untimed unlinks between

@@ -230,14 +230,16 @@ struct ImageArgs {
 
 #[derive(Args)]
 struct LabArgs {
-    /// Experiment to run: plug (seed 000), expire (001), inflight (002), wbt (003),
-    /// fsync (004).
-    /// Without one,
-    /// every experiment runs with --quick.
-    experiment: Option<String>,
+    /// Experiments to run: plug (seed 000), expire (001), inflight (002), wbt (003),
+    /// fsync (004), dirty (dirty throttling). Without one, every experiment runs with
+    /// --quick.
+    experiments: Vec<String>,
     /// Small sizes and short runs.
     #[arg(long)]
     quick: bool,
+    /// Near the seeds' own scale (minutes to tens of minutes; the plan is printed first).
+    #[arg(long, conflicts_with = "quick")]
+    full: bool,
     /// Print one JSON object per experiment.
     #[arg(long)]
     json: bool,
@@ -247,6 +249,17 @@ struct LabArgs {
     /// Run time of each arm, e.g. 3 or 500ms.
     #[arg(long, value_parser = duration_arg)]
     runtime: Option<Duration>,
+    /// Write a report: DIR/index.html (plots inline), DIR/*.json, DIR/run.json.
+    #[arg(long, value_name = "DIR")]
+    report: Option<PathBuf>,
+    /// Add arms on a kernel filesystem on a loop device on this disk (and wbstack on a
+    /// file: device and through the mount beside it): ext4, xfs or both.
+    #[arg(long, value_parser = wbstack_cli::lab::kernel::parse_kernel)]
+    kernel: Option<Vec<wbstack_cli::lab::kernel::KernelFs>>,
+    /// Run a report's experiments again (DIR/run.json) and write a second report beside
+    /// the first, with the differences.
+    #[arg(long, value_name = "RUN_JSON", conflicts_with_all = ["experiments", "quick", "full", "report", "kernel"])]
+    replay: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -475,57 +488,32 @@ struct BlkArgs {
 }
 
 fn run_lab(a: LabArgs) -> Result<(), String> {
-    let names: Vec<String> = match &a.experiment {
-        Some(e) => vec![e.clone()],
-        None => lab::EXPERIMENTS.iter().map(|s| s.to_string()).collect(),
-    };
-    let opts = LabOpts {
-        quick: a.quick || a.experiment.is_none(),
-        full: false,
-        json: a.json,
-        rounds: a.rounds,
-        runtime: a.runtime,
-        sink: wbstack_cli::progress::Sink::detect(),
-    };
-    for name in names {
-        match name.as_str() {
-            "inflight" => emit(
-                &lab::inflight::inflight(&opts)?,
-                a.json,
-                lab::inflight::print_inflight,
-            )?,
-            "plug" => emit(&lab::plug::plug(&opts)?, a.json, lab::plug::print_plug)?,
-            "expire" => emit(
-                &lab::expire::expire(&opts)?,
-                a.json,
-                lab::expire::print_expire,
-            )?,
-            "fsync" => emit(&lab::fsync::fsync(&opts)?, a.json, lab::fsync::print_fsync)?,
-            "wbt" => emit(&lab::wbt::wbt(&opts)?, a.json, lab::wbt::print_wbt)?,
-            other => {
-                return Err(format!(
-                    "unknown experiment '{other}' (known: {})",
-                    lab::EXPERIMENTS.join(", ")
-                ));
-            }
-        }
+    use wbstack_cli::lab::run::{self as labrun, LabRequest};
+    use wbstack_cli::progress::Sink;
+    let sink = Sink::detect();
+    if let Some(p) = &a.replay {
+        return labrun::run(labrun::replay_request(p, sink, a.json)?);
     }
-    Ok(())
-}
-
-/// Print one experiment: its JSON object, or its table.
-fn emit<A: serde::Serialize>(
-    e: &lab::Experiment<A>,
-    json: bool,
-    print: fn(&lab::Experiment<A>),
-) -> Result<(), String> {
-    if json {
-        println!("{}", serde_json::to_string(e).map_err(|e| e.to_string())?);
+    let all = a.experiments.is_empty();
+    let experiments = if all {
+        lab::EXPERIMENTS.iter().map(|s| s.to_string()).collect()
     } else {
-        print(e);
-        println!();
-    }
-    Ok(())
+        a.experiments.clone()
+    };
+    labrun::run(LabRequest {
+        experiments,
+        opts: LabOpts {
+            quick: (a.quick || all) && !a.full,
+            full: a.full,
+            json: a.json,
+            rounds: a.rounds,
+            runtime: a.runtime,
+            sink,
+        },
+        kernel: a.kernel.unwrap_or_default(),
+        report: a.report,
+        replay_of: None,
+    })
 }
 
 fn run_blk(a: BlkArgs) -> Result<(), String> {

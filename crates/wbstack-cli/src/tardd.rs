@@ -279,7 +279,14 @@ fn extract(
     Ok(c)
 }
 
-fn dd(fs: &dyn BenchFs, path: &str, size: u64, bs: usize, done: &AtomicU64) -> Result<(), String> {
+/// dd if=/dev/zero of=PATH bs=BS: writes `size` bytes, adding each write to `done`.
+pub fn dd(
+    fs: &dyn BenchFs,
+    path: &str,
+    size: u64,
+    bs: usize,
+    done: &AtomicU64,
+) -> Result<(), String> {
     let buf = vec![0u8; bs];
     let mut f = fs.create(path).map_err(err("tardd: dd create"))?;
     let mut off = 0;
@@ -287,7 +294,7 @@ fn dd(fs: &dyn BenchFs, path: &str, size: u64, bs: usize, done: &AtomicU64) -> R
         let n = (size - off).min(bs as u64) as usize;
         f.write_at(off, &buf[..n]).map_err(err("tardd: dd write"))?;
         off += n as u64;
-        done.store(off, Ordering::Relaxed);
+        done.fetch_add(n as u64, Ordering::Relaxed);
     }
     f.close().map_err(err("tardd: dd close"))
 }

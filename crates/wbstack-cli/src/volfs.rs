@@ -160,7 +160,22 @@ impl BenchFile for VolFile {
 
 /// `--device SPEC` with mount options `opts` (comma-separated name=value).
 pub fn open(spec: &str, opts: &str) -> Result<Arc<dyn BenchFs>, String> {
+    Ok(open_vol(spec, opts)?)
+}
+
+/// As [`open`], keeping the concrete type (the lab samples the volume's state).
+pub fn open_vol(spec: &str, opts: &str) -> Result<Arc<VolumeFs>, String> {
     let mut o = MountOptions::default();
     o.parse(opts).map_err(|e| e.to_string())?;
     Ok(Arc::new(VolumeFs::format(spec, o)?))
+}
+
+/// The simulated device's counters under a volume (None on other devices).
+pub fn sim_stats(v: &VolumeFs) -> Option<wbstack::dev::sim::SimStats> {
+    v.volume()
+        .queue()
+        .device()
+        .as_any()
+        .downcast_ref::<wbstack::dev::sim::SimDevice>()
+        .map(|s| s.stats())
 }

@@ -2,7 +2,10 @@
 
 use crate::benchfs::BenchFs;
 use crate::fsmark::{self, FsmarkOpts, SyncMethod};
-use crate::lab::{fmt_int, Experiment, LabOpts};
+use crate::lab::plots::{Plot, PlotKind};
+use crate::lab::ArmRun;
+use crate::lab::{fmt_int, outln, Experiment, LabOpts};
+use crate::meter::Meter;
 use crate::volfs;
 use serde::Serialize;
 use std::sync::Arc;
@@ -51,7 +54,11 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
     // The page cache holds a quarter of what the 8-thread arms write, so the last loop
     // runs in the seed's sustained-writeback phase (dirty pages at the thresholds,
     // writeback setting the pace) rather than filling an empty cache.
-    let (files, loops, cache) = if o.quick {
+    let (files, loops, cache) = if o.full {
+        // A million files from 8 threads, four times the cache: the seed's sustained
+        // writeback phase for most of the run.
+        (62_500u64, 2u32, "1G")
+    } else if o.quick {
         (2_000u64, 2u32, "32M")
     } else {
         (10_000, 2, "160M")
@@ -71,10 +78,9 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
         ("S1-1j", SyncMethod::Fsync, 1, FSYNC_JDATA_KB),
     ];
     let mut arms = Vec::new();
+    let mut timelines = Vec::new();
+    let mut commands = Vec::new();
     for (name, sync, threads, jdata_kb) in arms_spec {
-        if !o.json {
-            crate::util::status(&format!("  fsync: {name}"));
-        }
         let mopts = wbstack::fs::MountOptions {
             journal_data_kb: jdata_kb,
             ..mount.clone()
@@ -104,19 +110,38 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
             final_sync: true,
             ..Default::default()
         };
-        let r = fsmark::run(&opts, vfs.clone() as Arc<dyn BenchFs>)?;
+        let sync_flag = match sync {
+            SyncMethod::None => "0",
+            SyncMethod::Fsync => "1",
+            SyncMethod::Async => "A",
+        };
+        commands.push(format!(
+            "wbstack bench fsmark --device {FSYNC_DEVICE} -o cache_size={cache},journal_data_kb={jdata_kb} {} -D 100 -S{sync_flag} -n {per_thread} -s 4096 -L {loops}{}",
+            (0..threads).map(|i| format!("-d {i}")).collect::<Vec<_>>().join(" "),
+            if sync == SyncMethod::Async { format!(" --async-depth {FSYNC_ASYNC_DEPTH}") } else { String::new() }
+        ));
+        let run = ArmRun::start(
+            o,
+            &format!("fsync: {name}"),
+            Some(per_thread * threads as u64 * loops as u64),
+            "files",
+            Some(vfs.clone()),
+            Meter::ops,
+        );
+        let opts = FsmarkOpts {
+            meter: Some(run.meter.clone()),
+            ..opts
+        };
+        let r = fsmark::run(&opts, vfs.clone() as Arc<dyn BenchFs>);
+        timelines.push(run.finish());
+        let r = r?;
         let after = sim();
         let t = &r.totals;
         let flushes = after.flushes - before.flushes;
         let device_ios = (after.writes - before.writes) + flushes;
         arms.push(FsyncArm {
             name: name.into(),
-            sync: match sync {
-                SyncMethod::None => "0",
-                SyncMethod::Fsync => "1",
-                SyncMethod::Async => "A",
-            }
-            .into(),
+            sync: sync_flag.into(),
             threads,
             journal_data_kb: jdata_kb,
             files: t.files,
@@ -134,10 +159,41 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
             wall_s: t.wall_s,
         });
     }
-    if !o.json {
-        crate::util::status_done();
+    let mut rate = Plot::new(
+        "fsync-rate",
+        "seed 004: files/s over time",
+        PlotKind::Lines,
+        "time (s)",
+        "files/s (log scale)",
+    )
+    .log_y();
+    for (a, tl) in arms.iter().zip(&timelines) {
+        rate = rate.series(&a.name, tl.rate("ops"));
     }
+    let cats: Vec<String> = arms.iter().map(|a| a.name.clone()).collect();
+    let per = |f: fn(&FsyncArm) -> f64| {
+        arms.iter()
+            .enumerate()
+            .filter(|(_, a)| a.sync != "0")
+            .map(|(i, a)| (i as f64, f(a)))
+            .collect::<Vec<_>>()
+    };
+    let batching = Plot::new(
+        "fsync-per-flush",
+        "seed 004: fsyncs retired per device flush and per device IO",
+        PlotKind::Bars,
+        "arm",
+        "fsyncs",
+    )
+    .categories(cats)
+    .series("per device flush", per(|a| a.fsyncs_per_flush))
+    .series(
+        "per device IO (writes + flushes)",
+        per(|a| a.fsyncs_per_device_io),
+    );
     Ok(Experiment {
+        plots: vec![rate, batching],
+        commands,
         experiment: "fsync",
         arms,
         note: Some(format!(
@@ -147,13 +203,15 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
     })
 }
 
-pub fn print_fsync(e: &Experiment<FsyncArm>) {
-    println!("seed 004 — writeback errors, fsync batching, async flush (open-write-[flush]-close of 4 KiB files)");
+pub fn table_fsync(e: &Experiment<FsyncArm>) -> String {
+    let mut out = String::new();
+    outln!(out, "seed 004 — writeback errors, fsync batching, async flush (open-write-[flush]-close of 4 KiB files)");
     if let Some(n) = &e.note {
-        println!("{n}");
+        outln!(out, "{n}");
     }
-    println!();
-    println!(
+    outln!(out);
+    outln!(
+        out,
         "{:<6} {:>7} {:>11} {:>11} {:>11} {:>8} {:>9} {:>8} {:>9} {:>9} {:>8}",
         "arm",
         "threads",
@@ -167,13 +225,25 @@ pub fn print_fsync(e: &Experiment<FsyncArm>) {
         "write",
         "fsyncs/"
     );
-    println!(
+    outln!(
+        out,
         "{:<6} {:>7} {:>11} {:>11} {:>11} {:>8} {:>9} {:>8} {:>9} {:>9} {:>8}",
-        "", "", "(fs_mark)", "(sustained)", "", "", "(device)", "", "flush", "IOPS", "dev IO"
+        "",
+        "",
+        "(fs_mark)",
+        "(sustained)",
+        "",
+        "",
+        "(device)",
+        "",
+        "flush",
+        "IOPS",
+        "dev IO"
     );
-    println!("{}", "-".repeat(108));
+    outln!(out, "{}", "-".repeat(108));
     for a in &e.arms {
-        println!(
+        outln!(
+            out,
             "{:<6} {:>7} {:>11} {:>11} {:>11} {:>8} {:>9} {:>8} {:>9.1} {:>9} {:>8.1}",
             a.name,
             a.threads,
@@ -188,15 +258,19 @@ pub fn print_fsync(e: &Experiment<FsyncArm>) {
             a.fsyncs_per_device_io
         );
     }
-    println!();
-    println!("the seed (XFS, 8 threads, 10 million 4 KiB files, sustained writeback phase):");
-    println!("  -S0 ~35,000 files/s (~2,000 IOPS); -S1 ~1,000 files/s (~2 IOs per fsync); -A ~30,000 files/s, ~10 fsyncs retired per device IO");
+    outln!(out);
+    outln!(
+        out,
+        "the seed (XFS, 8 threads, 10 million 4 KiB files, sustained writeback phase):"
+    );
+    outln!(out, "  -S0 ~35,000 files/s (~2,000 IOPS); -S1 ~1,000 files/s (~2 IOs per fsync); -A ~30,000 files/s, ~10 fsyncs retired per device IO");
     let get = |n: &str| e.arms.iter().find(|a| a.name == n);
     if let (Some(s0), Some(s1), Some(a), Some(one)) =
         (get("S0-8"), get("S1-8"), get("A-8"), get("S1-1"))
     {
-        println!();
-        println!(
+        outln!(out);
+        outln!(
+                out,
             "-A: {:.0}% of -S0's files/s in the sustained last loop, {:.0}% including the final sync ({:.0}% of fs_mark's rate); {:.1} fsyncs per device flush; 8-thread -S1 is {:.1}x 1-thread -S1",
             a.last_loop_files_per_sec / s0.last_loop_files_per_sec.max(1e-9) * 100.0,
             a.files_per_sec_incl_sync / s0.files_per_sec_incl_sync.max(1e-9) * 100.0,
@@ -208,7 +282,8 @@ pub fn print_fsync(e: &Experiment<FsyncArm>) {
     if let (Some(s1), Some(one), Some(j8), Some(j1)) =
         (get("S1-8"), get("S1-1"), get("S1-8j"), get("S1-1j"))
     {
-        println!(
+        outln!(
+                out,
             "journal_data_kb={FSYNC_JDATA_KB} (the j arms): 8-thread -S1 is {:.1}x 1-thread -S1 (ordered data: {:.1}x), {:.1} fsyncs per device IO (ordered: {:.1}); files/s {:.2}x and {:.2}x ordered data's (8 and 1 thread)",
             j8.files_per_sec / j1.files_per_sec.max(1e-9),
             s1.files_per_sec / one.files_per_sec.max(1e-9),
@@ -218,4 +293,9 @@ pub fn print_fsync(e: &Experiment<FsyncArm>) {
             j1.files_per_sec / one.files_per_sec.max(1e-9)
         );
     }
+    out
+}
+
+pub fn print_fsync(e: &Experiment<FsyncArm>) {
+    print!("{}", table_fsync(e));
 }

@@ -1,7 +1,9 @@
 //! Seed 002: the cost of in-flight accounting (iostats off, atomic, tags) on a null device.
 
 use crate::blkbench::{self, BlkJob, BlkReport, Rw};
-use crate::lab::{Experiment, LabOpts};
+use crate::lab::plots::{Plot, PlotKind};
+use crate::lab::{outln, Experiment, LabOpts};
+use crate::progress::Step;
 use serde::Serialize;
 use std::time::Duration;
 use wbstack::block::IoStatsMode;
@@ -40,6 +42,7 @@ pub fn inflight(o: &LabOpts) -> Result<Experiment<InflightArm>, String> {
     let modes = [IoStatsMode::Off, IoStatsMode::Atomic, IoStatsMode::Tags];
     let job_counts = [2usize, 32];
     let mut arms = Vec::new();
+    let mut commands = Vec::new();
     for &jobs in &job_counts {
         let mut runs: Vec<Vec<BlkReport>> = vec![Vec::new(); modes.len()];
         for round in 0..rounds {
@@ -60,13 +63,22 @@ pub fn inflight(o: &LabOpts) -> Result<Experiment<InflightArm>, String> {
                     poll: true,
                     batch: 1,
                 };
-                if !o.json {
-                    crate::util::status(&format!(
-                        "  inflight: jobs={jobs:<2} iostats={:<6} round {}/{rounds}",
+                commands.push(format!(
+                    "wbstack bench blk --device null --jobs {jobs} --rw randread --bs 4k --iodepth 1 --runtime {}ms --iostats {} --seed {}",
+                    runtime.as_millis(),
+                    modes[m],
+                    round + 1
+                ));
+                let _step = Step::start(
+                    o.sink,
+                    &format!(
+                        "inflight: jobs={jobs} iostats={} round {}/{rounds}",
                         modes[m],
                         round + 1
-                    ));
-                }
+                    ),
+                    None,
+                    "",
+                );
                 runs[m].push(blkbench::run(&job)?);
             }
         }
@@ -88,30 +100,58 @@ pub fn inflight(o: &LabOpts) -> Result<Experiment<InflightArm>, String> {
             });
         }
     }
-    if !o.json {
-        crate::util::status_done();
+    let mut bars = Plot::new(
+        "inflight-iops",
+        "seed 002: IOPS by in-flight accounting and job count (null device)",
+        PlotKind::Bars,
+        "jobs (4 KiB random reads, iodepth 1)",
+        "IOPS",
+    )
+    .categories(job_counts.iter().map(|j| j.to_string()).collect());
+    for m in modes {
+        bars = bars.series(
+            &format!("iostats={m}"),
+            job_counts
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &j)| {
+                    arms.iter()
+                        .find(|a| a.jobs == j && a.iostats == m)
+                        .map(|a| (i as f64, a.iops))
+                })
+                .collect(),
+        );
     }
     Ok(Experiment {
+        plots: vec![bars],
+        commands,
         experiment: "inflight",
         arms,
         note: Some(format!("null device, 4 KiB random reads, iodepth 1, {rounds} round(s) of {:.1} s per arm, median", runtime.as_secs_f64())),
     })
 }
 
-pub fn print_inflight(e: &Experiment<InflightArm>) {
+pub fn table_inflight(e: &Experiment<InflightArm>) -> String {
+    let mut out = String::new();
     let ncpu = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    println!("seed 002 — more scalable inflight tracking (null device, 4 KiB random reads, iodepth 1, {ncpu} CPUs)");
+    outln!(out, "seed 002 — more scalable inflight tracking (null device, 4 KiB random reads, iodepth 1, {ncpu} CPUs)");
     if let Some(n) = &e.note {
-        println!("{n}");
+        outln!(out, "{n}");
     }
-    println!();
-    println!(
+    outln!(out);
+    outln!(
+        out,
         "{:>4}  {:<7} {:>9} {:>6} {:>6} {:>7}   seed (48 queues, 32 jobs)",
-        "jobs", "stats", "IOPS", "usr", "sys", "vs off"
+        "jobs",
+        "stats",
+        "IOPS",
+        "usr",
+        "sys",
+        "vs off"
     );
-    println!("{}", "-".repeat(88));
+    outln!(out, "{}", "-".repeat(88));
     let seed = |jobs: usize, m: IoStatsMode| -> &'static str {
         match (jobs, m) {
             (32, IoStatsMode::Off) => "off  21.0M 33.7% 67.3% (before) / 21.4M (after)",
@@ -121,7 +161,8 @@ pub fn print_inflight(e: &Experiment<InflightArm>) {
         }
     };
     for a in &e.arms {
-        println!(
+        outln!(
+            out,
             "{:>4}  {:<7} {:>9} {:>5.1}% {:>5.1}% {:>6.1}%   {}",
             a.jobs,
             a.iostats.name(),
@@ -132,7 +173,7 @@ pub fn print_inflight(e: &Experiment<InflightArm>) {
             seed(a.jobs, a.iostats)
         );
     }
-    println!();
+    outln!(out);
     for &jobs in &[2usize, 32] {
         let get = |m: IoStatsMode| e.arms.iter().find(|a| a.jobs == jobs && a.iostats == m);
         if let (Some(off), Some(at), Some(tg)) = (
@@ -140,12 +181,18 @@ pub fn print_inflight(e: &Experiment<InflightArm>) {
             get(IoStatsMode::Atomic),
             get(IoStatsMode::Tags),
         ) {
-            println!(
+            outln!(
+                out,
                 "jobs={jobs}: atomic costs {:.1}% of off's IOPS, tags cost {:.1}% (seed: atomic -88%, tags -4.7%)",
                 (1.0 - at.iops / off.iops) * 100.0,
                 (1.0 - tg.iops / off.iops) * 100.0
             );
         }
     }
-    println!("usr/sys are per job as in fio; this stack runs in user space, so the accounting cost shows as usr.");
+    outln!(out, "usr/sys are per job as in fio; this stack runs in user space, so the accounting cost shows as usr.");
+    out
+}
+
+pub fn print_inflight(e: &Experiment<InflightArm>) {
+    print!("{}", table_inflight(e));
 }

@@ -74,7 +74,14 @@ pub fn run(experiment: &str, kernels: &[KernelFs], o: &LabOpts) -> Result<Kernel
 
 /// The table of a kernel run, printed after the experiment's own table.
 pub fn print(r: &KernelRun) {
+    print!("{}", table(r));
+}
+
+/// The table as text (the report shows it too).
+pub fn table(r: &KernelRun) -> String {
+    let mut out = String::new();
     for s in &r.skipped {
-        println!("skipped: {s}");
+        out.push_str(&format!("skipped: {s}\n"));
     }
+    out
 }

@@ -179,7 +179,11 @@ pub fn render_svg(p: &Plot) -> Result<String, String> {
 }
 
 fn mesh<'a, Y>(
-    c: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<plotters::coord::types::RangedCoordf64, Y>>,
+    c: &mut ChartContext<
+        'a,
+        SVGBackend<'a>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, Y>,
+    >,
     p: &Plot,
 ) -> Result<(), String>
 where
@@ -207,7 +211,11 @@ where
 }
 
 fn draw_series<'a, Y>(
-    c: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<plotters::coord::types::RangedCoordf64, Y>>,
+    c: &mut ChartContext<
+        'a,
+        SVGBackend<'a>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, Y>,
+    >,
     p: &Plot,
 ) -> Result<(), String>
 where
@@ -224,7 +232,10 @@ where
                 )
                 .map_err(e)?,
             _ => c
-                .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))
+                .draw_series(LineSeries::new(
+                    s.points.iter().copied(),
+                    color.stroke_width(2),
+                ))
                 .map_err(e)?,
         };
         anno.label(s.name.clone()).legend(move |(x, y)| {
@@ -234,7 +245,9 @@ where
     Ok(())
 }
 
-fn legend<'a, X, Y>(c: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>) -> Result<(), String>
+fn legend<'a, X, Y>(
+    c: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+) -> Result<(), String>
 where
     X: Ranged,
     Y: Ranged,
@@ -248,10 +261,16 @@ where
         .map_err(e)
 }
 
-fn draw_bars(root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>, p: &Plot) -> Result<(), String> {
+fn draw_bars(
+    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    p: &Plot,
+) -> Result<(), String> {
     let ncat = p.categories.len().max(1);
     let nser = p.series.len().max(1);
-    let (y0, y1) = range(p.series.iter().flat_map(|s| s.points.iter().map(|q| q.1)), p.log_y);
+    let (y0, y1) = range(
+        p.series.iter().flat_map(|s| s.points.iter().map(|q| q.1)),
+        p.log_y,
+    );
     let cats = p.categories.clone();
     let mut c = ChartBuilder::on(root)
         .caption(&p.title, ("sans-serif", 20))
@@ -297,9 +316,15 @@ mod tests {
 
     #[test]
     fn a_line_plot_draws_one_polyline_per_series_with_its_points() {
-        let p = Plot::new("t", "Files over time", PlotKind::Lines, "time (s)", "files/s")
-            .series("off", vec![(0.0, 1.0), (1.0, 3.0), (2.0, 2.0)])
-            .series("on", vec![(0.0, 2.0), (1.0, f64::NAN), (2.0, 5.0)]);
+        let p = Plot::new(
+            "t",
+            "Files over time",
+            PlotKind::Lines,
+            "time (s)",
+            "files/s",
+        )
+        .series("off", vec![(0.0, 1.0), (1.0, 3.0), (2.0, 2.0)])
+        .series("on", vec![(0.0, 2.0), (1.0, f64::NAN), (2.0, 5.0)]);
         assert_eq!(p.series[1].points.len(), 2, "non-finite points are dropped");
         let svg = render_svg(&p).unwrap();
         assert!(svg.starts_with("<svg"));
@@ -319,10 +344,18 @@ mod tests {
             .series("tags", vec![(0.0, 9.0), (1.0, 19.0)]);
         let svg = render_svg(&b).unwrap();
         assert!(svg.matches("<rect").count() >= 4);
-        let pc = Plot::new("p", "Read latency", PlotKind::Percentiles, "percentile", "usec")
-            .log_y()
-            .series("off", vec![(nines(50.0), 40.0), (nines(99.99), 17000.0)]);
-        assert!(svg_texts(&render_svg(&pc).unwrap()).iter().any(|t| t == "99.99"));
+        let pc = Plot::new(
+            "p",
+            "Read latency",
+            PlotKind::Percentiles,
+            "percentile",
+            "usec",
+        )
+        .log_y()
+        .series("off", vec![(nines(50.0), 40.0), (nines(99.99), 17000.0)]);
+        assert!(svg_texts(&render_svg(&pc).unwrap())
+            .iter()
+            .any(|t| t == "99.99"));
         let pt = Plot::new("s", "Delay", PlotKind::Points, "inode", "s")
             .series("a", vec![(1.0, 2.0), (2.0, 3.0)]);
         assert_eq!(render_svg(&pt).unwrap().matches("<circle").count(), 2);

@@ -1,7 +1,10 @@
 //! Seed 000 (writeback_plug): fs_mark of small files with the high-level plug on and off.
 
 use crate::fsmark::{self, FsmarkOpts, SyncMethod};
-use crate::lab::{fmt_int, pct, Experiment, LabOpts};
+use crate::lab::plots::{Plot, PlotKind};
+use crate::lab::ArmRun;
+use crate::lab::{fmt_int, outln, pct, Experiment, LabOpts};
+use crate::meter::Meter;
 use crate::volfs;
 use serde::Serialize;
 
@@ -29,20 +32,20 @@ pub const PLUG_DEVICE: &str = "sim:ssd,size=32G,iops=27000";
 /// The page cache is small against the files written, so most of the run is in the
 /// "sustained IO-bound" phase where writeback sets the pace, as in the seed.
 pub fn plug(o: &LabOpts) -> Result<Experiment<PlugArm>, String> {
-    let (files, loops, cache) = if o.quick {
+    let (files, loops, cache) = if o.full {
+        (100_000, 4, "1G")
+    } else if o.quick {
         (10_000, 2, "128M")
     } else {
         (25_000, 4, "512M")
     };
     let mut arms = Vec::new();
+    let mut timelines = Vec::new();
+    let mut sizes = Vec::new();
+    let mut commands = Vec::new();
     for on in [false, true] {
-        if !o.json {
-            crate::util::status(&format!("  plug: writeback_plug={}", u8::from(on)));
-        }
-        let fs = volfs::open(
-            PLUG_DEVICE,
-            &format!("writeback_plug={},cache_size={cache}", u8::from(on)),
-        )?;
+        let mount = format!("writeback_plug={},cache_size={cache}", u8::from(on));
+        let fs = volfs::open_vol(PLUG_DEVICE, &mount)?;
         let opts = FsmarkOpts {
             dirs: vec!["0".into(), "1".into()],
             subdirs: 100,
@@ -53,7 +56,29 @@ pub fn plug(o: &LabOpts) -> Result<Experiment<PlugArm>, String> {
             final_sync: true,
             ..Default::default()
         };
-        let r = fsmark::run(&opts, fs)?;
+        commands.push(format!(
+            "wbstack bench fsmark --device {PLUG_DEVICE} -o {mount} -d 0 -d 1 -D 100 -S0 -n {files} -s 4096 -L {loops}"
+        ));
+        let run = ArmRun::start(
+            o,
+            &format!("plug: writeback_plug={}", u8::from(on)),
+            Some(files * 2 * loops as u64),
+            "files",
+            Some(fs.clone()),
+            Meter::ops,
+        );
+        let opts = FsmarkOpts {
+            meter: Some(run.meter.clone()),
+            ..opts
+        };
+        let r = fsmark::run(&opts, fs.clone());
+        timelines.push(run.finish());
+        let r = r?;
+        sizes.push(
+            volfs::sim_stats(&fs)
+                .map(|s| s.write_size_hist)
+                .unwrap_or_default(),
+        );
         let t = &r.totals;
         arms.push(PlugArm {
             name: if on { "on" } else { "off" }.into(),
@@ -69,8 +94,39 @@ pub fn plug(o: &LabOpts) -> Result<Experiment<PlugArm>, String> {
             wall_s: t.wall_s,
         });
     }
-    if !o.json {
-        crate::util::status_done();
+    let mut rate = Plot::new(
+        "plug-rate",
+        "seed 000: files created and device write IOPS over time",
+        PlotKind::Lines,
+        "time (s)",
+        "per second (log scale)",
+    )
+    .log_y();
+    for (a, tl) in arms.iter().zip(&timelines) {
+        rate = rate
+            .series(&format!("plug {}: files/s", a.name), tl.rate("ops"))
+            .series(
+                &format!("plug {}: write IOPS", a.name),
+                tl.rate("dev_write_ios"),
+            );
+    }
+    let mut hist = Plot::new(
+        "plug-write-sizes",
+        "seed 000: device write sizes",
+        PlotKind::Bars,
+        "write size (at most)",
+        "% of device writes",
+    )
+    .categories(crate::lab::write_size_labels());
+    for (a, h) in arms.iter().zip(&sizes) {
+        let total: u64 = h.iter().sum();
+        hist = hist.series(
+            &format!("plug {}", a.name),
+            h.iter()
+                .enumerate()
+                .map(|(i, &n)| (i as f64, n as f64 * 100.0 / total.max(1) as f64))
+                .collect(),
+        );
     }
     Ok(Experiment {
         experiment: "plug",
@@ -78,26 +134,46 @@ pub fn plug(o: &LabOpts) -> Result<Experiment<PlugArm>, String> {
         note: Some(format!(
             "fs_mark -d 0 -d 1 -D 100 -S0 -n {files} -s 4096 -L {loops}, page cache {cache}, {PLUG_DEVICE}; wall and files/s include the final sync"
         )),
+        plots: vec![rate, hist],
+        commands,
     })
 }
 
-pub fn print_plug(e: &Experiment<PlugArm>) {
-    println!("seed 000 — writeback: plug writeback at a high level");
+pub fn table_plug(e: &Experiment<PlugArm>) -> String {
+    let mut out = String::new();
+    outln!(out, "seed 000 — writeback: plug writeback at a high level");
     if let Some(n) = &e.note {
-        println!("{n}");
+        outln!(out, "{n}");
     }
-    println!();
-    println!(
+    outln!(out);
+    outln!(
+        out,
         "{:<12} {:>7} {:>7} {:>13} {:>13} {:>8} {:>11} {:>9}",
-        "", "wall", "CPU", "create rate", "incl. sync", "write", "bandwidth", "avg write"
+        "",
+        "wall",
+        "CPU",
+        "create rate",
+        "incl. sync",
+        "write",
+        "bandwidth",
+        "avg write"
     );
-    println!(
+    outln!(
+        out,
         "{:<12} {:>7} {:>7} {:>13} {:>13} {:>8} {:>11} {:>9}",
-        "", "time", "", "(avg files/s)", "(files/s)", "IOPS", "", "size"
+        "",
+        "time",
+        "",
+        "(avg files/s)",
+        "(files/s)",
+        "IOPS",
+        "",
+        "size"
     );
-    println!("{}", "-".repeat(88));
-    let row = |label: &str, a: &PlugArm| {
-        println!(
+    outln!(out, "{}", "-".repeat(88));
+    let row = |out: &mut String, label: &str, a: &PlugArm| {
+        outln!(
+            out,
             "{:<12} {:>6.2}s {:>6.2}s {:>13} {:>13} {:>8} {:>7.0}MB/s {:>6.1}KiB",
             label,
             a.wall_s,
@@ -112,13 +188,14 @@ pub fn print_plug(e: &Experiment<PlugArm>) {
     let off = e.arms.iter().find(|a| !a.writeback_plug);
     let on = e.arms.iter().find(|a| a.writeback_plug);
     if let Some(a) = off {
-        row("unpatched", a);
+        row(&mut out, "unpatched", a);
     }
     if let Some(a) = on {
-        row("patched", a);
+        row(&mut out, "patched", a);
     }
     if let (Some(off), Some(on)) = (off, on) {
-        println!(
+        outln!(
+            out,
             "{:<12} {:>7} {:>7} {:>13} {:>13} {:>8} {:>11} {:>9}",
             "improvement",
             pct(on.wall_s, off.wall_s),
@@ -129,18 +206,25 @@ pub fn print_plug(e: &Experiment<PlugArm>) {
             pct(on.write_mib_s, off.write_mib_s),
             pct(on.avg_write_kib, off.avg_write_kib),
         );
-        println!();
-        println!(
+        outln!(out);
+        outln!(
+            out,
             "the seed (8 threads, 100 TB sparse XFS on 4 SSDs behind a 27,000-IOPS controller):"
         );
-        println!("  2013 improvement  -26.44%  -14.68%  +36.67% (24,000 -> 32,800)   -94.23% (26,000 -> 1,500)  +38.46% (130 -> 180 MB/s)");
-        println!("  2014 improvement  -43.8%   -13.3%   +62.7%  (32,500 -> 52,900)   -94.6%  (28,000 -> 1,500)  +86.6%  (150 -> 280 MB/s)");
-        println!();
-        println!(
+        outln!(out, "  2013 improvement  -26.44%  -14.68%  +36.67% (24,000 -> 32,800)   -94.23% (26,000 -> 1,500)  +38.46% (130 -> 180 MB/s)");
+        outln!(out, "  2014 improvement  -43.8%   -13.3%   +62.7%  (32,500 -> 52,900)   -94.6%  (28,000 -> 1,500)  +86.6%  (150 -> 280 MB/s)");
+        outln!(out);
+        outln!(
+                out,
             "physical write IOPS with the plug: {:.1}% of without; average write {:.0} KiB; files/s {:.2}x",
             on.write_iops / off.write_iops.max(1e-9) * 100.0,
             on.avg_write_kib,
             on.files_per_sec / off.files_per_sec.max(1e-9)
         );
     }
+    out
+}
+
+pub fn print_plug(e: &Experiment<PlugArm>) {
+    print!("{}", table_plug(e));
 }

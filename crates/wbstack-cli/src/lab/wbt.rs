@@ -1,8 +1,13 @@
 //! Seed 003: reads under heavy background writeback, writeback throttling off and on.
 
-use crate::lab::{Experiment, LabOpts};
+use crate::benchfs::BenchFs;
+use crate::lab::plots::{nines, Plot, PlotKind};
+use crate::lab::timeline::Timeline;
+use crate::lab::ArmRun;
+use crate::lab::{outln, Experiment, LabOpts};
 use crate::volfs;
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Serialize, Clone, Debug)]
@@ -99,10 +104,12 @@ pub fn wbt(o: &LabOpts) -> Result<Experiment<WbtArm>, String> {
         ]
     };
     let mut arms = Vec::new();
+    let mut timelines = Vec::new();
+    let mut curves = Vec::new();
+    let mut commands = Vec::new();
     for (dev, default_lat, scenario, read, dd) in runs {
         for (wbt, wbt_opts) in WBT_ARMS {
             let kind = dev.split(',').next().unwrap_or(dev);
-            crate::util::status(&format!("  wbt: {kind} {scenario} wbt {wbt}"));
             // The dirty set lies between the background threshold (10%) and the point
             // where balance_dirty_pages starts to throttle ((10% + 60%) / 2).
             let mut mount = format!(
@@ -118,8 +125,23 @@ pub fn wbt(o: &LabOpts) -> Result<Experiment<WbtArm>, String> {
             if !wbt_opts.is_empty() {
                 mount = format!("{mount},{wbt_opts}");
             }
-            let fs = volfs::open(dev, &mount)?;
+            let fs = volfs::open_vol(dev, &mount)?;
+            commands.push(format!(
+                "wbstack bench readlat --device {dev} -o {mount} --size {}M --background-dd {}M --dd-delay {}ms",
+                read >> 20,
+                dd >> 20,
+                if scenario == "dirty_set" { delay.as_millis() } else { 0 }
+            ));
+            let run = ArmRun::start(
+                o,
+                &format!("wbt: {kind} {scenario} wbt {wbt}"),
+                Some(read >> 20),
+                "MiB read",
+                Some(fs.clone()),
+                |m| m.bytes() >> 20,
+            );
             let opts = ReadlatOpts {
+                meter: Some(run.meter.clone()),
                 size: read,
                 background_dd: dd,
                 dd_delay: if scenario == "dirty_set" {
@@ -129,7 +151,16 @@ pub fn wbt(o: &LabOpts) -> Result<Experiment<WbtArm>, String> {
                 },
                 ..Default::default()
             };
-            let r = readlat::run(&opts, fs)?;
+            let r = readlat::run(&opts, fs.clone() as Arc<dyn BenchFs>);
+            timelines.push(run.finish());
+            let r = r?;
+            curves.push(
+                r.read
+                    .percentiles
+                    .iter()
+                    .map(|p| (p.pct, p.us as f64))
+                    .collect::<Vec<_>>(),
+            );
             let w = &r.extra["wbt"];
             arms.push(WbtArm {
                 name: format!("{kind}-{scenario}-{wbt}"),
@@ -144,8 +175,10 @@ pub fn wbt(o: &LabOpts) -> Result<Experiment<WbtArm>, String> {
             });
         }
     }
-    crate::util::status_done();
+    let plots = wbt_plots(&arms, &timelines, &curves);
     Ok(Experiment {
+        plots,
+        commands,
         experiment: "wbt",
         arms,
         note: Some(
@@ -160,13 +193,79 @@ pub fn wbt(o: &LabOpts) -> Result<Experiment<WbtArm>, String> {
     })
 }
 
-pub fn print_wbt(e: &Experiment<WbtArm>) {
-    println!("seed 003 — writeback throttling: reads under heavy background writeback");
-    if let Some(n) = &e.note {
-        println!("{n}");
+/// Per device and scenario: the read latency curve, late reads over time, and wbt's
+/// step beside the queue depth.
+fn wbt_plots(arms: &[WbtArm], timelines: &[Timeline], curves: &[Vec<(f64, f64)>]) -> Vec<Plot> {
+    let mut groups: Vec<(String, &str)> = Vec::new();
+    for a in arms {
+        let g = (
+            a.device.split(',').next().unwrap_or(&a.device).to_string(),
+            a.scenario,
+        );
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
     }
-    println!();
-    println!(
+    let mut plots = Vec::new();
+    for (dev, scenario) in groups {
+        let id = format!("{}-{}", dev.replace(':', "-"), scenario.replace('_', "-"));
+        let members: Vec<usize> = (0..arms.len())
+            .filter(|&i| arms[i].device.starts_with(dev.as_str()) && arms[i].scenario == scenario)
+            .collect();
+        let mut lat = Plot::new(
+            &format!("wbt-latency-{id}"),
+            &format!("seed 003, {dev} {scenario}: read latency percentiles"),
+            PlotKind::Percentiles,
+            "percentile",
+            "read latency (usec, log scale)",
+        )
+        .log_y();
+        let mut late = Plot::new(
+            &format!("wbt-late-{id}"),
+            &format!("seed 003, {dev} {scenario}: late reads (over 10 ms) so far"),
+            PlotKind::Lines,
+            "time (s)",
+            "late reads",
+        );
+        let mut step = Plot::new(
+            &format!("wbt-step-{id}"),
+            &format!("seed 003, {dev} {scenario}: wbt's scale step and the queue depth"),
+            PlotKind::Lines,
+            "time (s)",
+            "step / requests in flight",
+        );
+        for &i in &members {
+            let (a, tl) = (&arms[i], &timelines[i]);
+            lat = lat.series(
+                &format!("wbt {}", a.wbt),
+                curves[i].iter().map(|&(p, us)| (nines(p), us)).collect(),
+            );
+            late = late.series(&format!("wbt {}", a.wbt), tl.points("late"));
+            if a.wbt != "off" {
+                step = step.series(&format!("wbt {}: scale step", a.wbt), tl.points("wbt_step"));
+            }
+            step = step.series(
+                &format!("wbt {}: queue depth", a.wbt),
+                tl.points("queue_depth"),
+            );
+        }
+        plots.extend([lat, late, step]);
+    }
+    plots
+}
+
+pub fn table_wbt(e: &Experiment<WbtArm>) -> String {
+    let mut out = String::new();
+    outln!(
+        out,
+        "seed 003 — writeback throttling: reads under heavy background writeback"
+    );
+    if let Some(n) = &e.note {
+        outln!(out, "{n}");
+    }
+    outln!(out);
+    outln!(
+        out,
         "{:<26} {:>7} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8} {:>7} {:>7} {:>5}",
         "arm",
         "wbt lat",
@@ -180,13 +279,25 @@ pub fn print_wbt(e: &Experiment<WbtArm>) {
         "wback",
         "step"
     );
-    println!(
+    outln!(
+        out,
         "{:<26} {:>7} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8} {:>7} {:>7} {:>5}",
-        "", "usec", "usec", "usec", "usec", "", "usec", "p99.99", "KB/s", "MiB/s", ""
+        "",
+        "usec",
+        "usec",
+        "usec",
+        "usec",
+        "",
+        "usec",
+        "p99.99",
+        "KB/s",
+        "MiB/s",
+        ""
     );
-    println!("{}", "-".repeat(109));
+    outln!(out, "{}", "-".repeat(109));
     for a in &e.arms {
-        println!(
+        outln!(
+            out,
             "{:<26} {:>7} {:>8} {:>8} {:>8} {:>5} {:>8} {:>8} {:>7} {:>7.0} {:>5}",
             a.name,
             a.wbt_lat_usec,
@@ -201,11 +312,17 @@ pub fn print_wbt(e: &Experiment<WbtArm>) {
             a.wbt_scale_step
         );
     }
-    println!();
-    println!("the seed (read-to-pipe-async of a 9 GB file to gzip, 75% of memory in CPU hogs):");
-    println!("  off: p99 54 us, p99.99 17,952 us, Over=333, max 215,367 us; writers p99.99 1,142 us; read 88,988 KB/s, write 60,019 KB/s");
-    println!("  on:  p99 55 us, p99.99  2,652 us, Over=1,   max  10,221 us; writers p99.99 1,106 us; read 95,506 KB/s, write 59,970 KB/s");
-    println!("  (improvement: p99.99 0.15x, max 0.05x, Over 0.003x, write rate 100%)");
+    outln!(out);
+    outln!(
+        out,
+        "the seed (read-to-pipe-async of a 9 GB file to gzip, 75% of memory in CPU hogs):"
+    );
+    outln!(out, "  off: p99 54 us, p99.99 17,952 us, Over=333, max 215,367 us; writers p99.99 1,142 us; read 88,988 KB/s, write 60,019 KB/s");
+    outln!(out, "  on:  p99 55 us, p99.99  2,652 us, Over=1,   max  10,221 us; writers p99.99 1,106 us; read 95,506 KB/s, write 59,970 KB/s");
+    outln!(
+        out,
+        "  (improvement: p99.99 0.15x, max 0.05x, Over 0.003x, write rate 100%)"
+    );
     let mut groups: Vec<(&str, &str)> = Vec::new();
     for a in &e.arms {
         let g = (a.device.split(',').next().unwrap_or(&a.device), a.scenario);
@@ -222,7 +339,8 @@ pub fn print_wbt(e: &Experiment<WbtArm>) {
         let Some(off) = get("off") else { continue };
         for wbt in ["kernel", "on"] {
             if let Some(on) = get(wbt) {
-                println!(
+                outln!(
+                out,
                     "{dev} {scenario}, wbt {wbt}: p99.99 {:.2}x, max {:.2}x, Over {:.2}x of off; write rate {:.0}%, writeback {:.0}% of off",
                     on.figures.read_p9999_us as f64 / off.figures.read_p9999_us.max(1) as f64,
                     on.figures.read_max_us as f64 / off.figures.read_max_us.max(1) as f64,
@@ -233,4 +351,9 @@ pub fn print_wbt(e: &Experiment<WbtArm>) {
             }
         }
     }
+    out
+}
+
+pub fn print_wbt(e: &Experiment<WbtArm>) {
+    print!("{}", table_wbt(e));
 }
