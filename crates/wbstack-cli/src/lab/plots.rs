@@ -94,6 +94,23 @@ impl Plot {
     }
 }
 
+/// An axis label: 12000 → "12k", 2.5e6 → "2.5M", 0.6000000001 → "0.6".
+pub fn tick(v: f64) -> String {
+    let a = v.abs();
+    let (n, suffix) = if a >= 1e9 {
+        (v / 1e9, "G")
+    } else if a >= 1e6 {
+        (v / 1e6, "M")
+    } else if a >= 1e4 {
+        (v / 1e3, "k")
+    } else {
+        (v, "")
+    };
+    let s = format!("{n:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    format!("{s}{suffix}")
+}
+
 /// The x position of percentile `p` on the nines scale: 50 → 0.3, 99 → 2, 99.99 → 4.
 pub fn nines(p: f64) -> f64 {
     -(1.0 - p / 100.0).log10()
@@ -196,7 +213,7 @@ where
             let v = 100.0 * (1.0 - 10f64.powf(-x));
             format!("{}", (v * 10_000.0).round() / 10_000.0)
         } else {
-            format!("{x}")
+            tick(*x)
         }
     };
     c.configure_mesh()
@@ -205,6 +222,7 @@ where
         .axis_desc_style(("sans-serif", 15))
         .label_style(("sans-serif", 13))
         .x_label_formatter(&fmt_x)
+        .y_label_formatter(&|y: &f64| tick(*y))
         .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(e)
@@ -293,6 +311,7 @@ fn draw_bars(
                 String::new()
             }
         })
+        .y_label_formatter(&|y: &f64| tick(*y))
         .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(e)?;
@@ -368,6 +387,15 @@ mod tests {
         let n = p.series[0].points.len();
         assert!(n <= MAX_POINTS + 1, "{n}");
         assert_eq!(p.series[0].points.last(), Some(&(4999.0, 4999.0)));
+    }
+
+    #[test]
+    fn axis_labels_are_short() {
+        assert_eq!(tick(0.6000000000001), "0.6");
+        assert_eq!(tick(12000.0), "12k");
+        assert_eq!(tick(2_500_000.0), "2.5M");
+        assert_eq!(tick(3.0), "3");
+        assert_eq!(tick(-2.0), "-2");
     }
 
     #[test]
