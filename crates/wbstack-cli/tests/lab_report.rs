@@ -36,11 +36,17 @@ fn parse_tags(html: &str) -> Vec<String> {
             continue;
         }
         if let Some(name) = tag.strip_prefix('/') {
-            let open = stack.pop().unwrap_or_else(|| panic!("</{name}> closes nothing"));
+            let open = stack
+                .pop()
+                .unwrap_or_else(|| panic!("</{name}> closes nothing"));
             assert_eq!(open, name.trim(), "</{name}> closes <{open}>");
             continue;
         }
-        let name = tag.split_whitespace().next().unwrap_or("").trim_end_matches('/');
+        let name = tag
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .trim_end_matches('/');
         names.push(name.to_string());
         if !tag.ends_with('/') && !VOID.contains(&name) {
             stack.push(name.to_string());
@@ -89,9 +95,18 @@ fn check_report(dir: &Path, want_plots: &[&str]) -> Value {
     let mut ids = Vec::new();
     for s in run["sections"].as_array().unwrap() {
         let exp = s["experiment"].as_str().unwrap();
-        assert!(html.contains(&format!("<section id=\"{exp}\">")), "{exp} named");
-        assert!(!s["meaning"].as_str().unwrap().is_empty(), "{exp}: a meaning");
-        assert!(!s["commands"].as_array().unwrap().is_empty(), "{exp}: commands");
+        assert!(
+            html.contains(&format!("<section id=\"{exp}\">")),
+            "{exp} named"
+        );
+        assert!(
+            !s["meaning"].as_str().unwrap().is_empty(),
+            "{exp}: a meaning"
+        );
+        assert!(
+            !s["commands"].as_array().unwrap().is_empty(),
+            "{exp}: commands"
+        );
         for p in s["plots"].as_array().unwrap() {
             let id = p["id"].as_str().unwrap().to_string();
             // The plot's own JSON file holds what the run.json holds.
@@ -118,7 +133,9 @@ fn check_report(dir: &Path, want_plots: &[&str]) -> Value {
                 assert!(!pts.is_empty(), "{id}: series {name} has points");
                 for q in pts {
                     let q = q.as_array().unwrap();
-                    assert!(q[0].as_f64().unwrap().is_finite() && q[1].as_f64().unwrap().is_finite());
+                    assert!(
+                        q[0].as_f64().unwrap().is_finite() && q[1].as_f64().unwrap().is_finite()
+                    );
                 }
                 total += pts.len();
                 if (kind == "lines" || kind == "percentiles") && pts.len() >= 2 {
@@ -130,7 +147,11 @@ fn check_report(dir: &Path, want_plots: &[&str]) -> Value {
                 }
             }
             match kind {
-                "points" => assert_eq!(svg.matches("<circle").count(), total, "{id}"),
+                "points" => assert_eq!(
+                    svg.matches("<circle").count(),
+                    total + series.len(),
+                    "{id}: a dot per point and a legend marker per series"
+                ),
                 "bars" => assert!(svg.matches("<rect").count() >= total, "{id}"),
                 _ => {}
             }
@@ -183,7 +204,10 @@ fn the_quick_lab_report_holds_every_experiment_and_plot() {
         .iter()
         .map(|s| s["experiment"].as_str().unwrap())
         .collect();
-    assert_eq!(exps, ["plug", "expire", "inflight", "wbt", "fsync", "dirty"]);
+    assert_eq!(
+        exps,
+        ["plug", "expire", "inflight", "wbt", "fsync", "dirty"]
+    );
     let info = &run["info"];
     for k in ["git_commit", "kernel_version", "command"] {
         assert!(!info[k].as_str().unwrap().is_empty(), "{k}");

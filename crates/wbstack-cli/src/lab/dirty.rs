@@ -208,8 +208,8 @@ pub fn table_dirty(e: &Experiment<DirtyArm>) -> String {
             fmt_int(a.pauses as f64),
             a.pause_mean_ms,
             a.pause_max_ms,
-            a.max_dirty_pages * 4096 >> 20,
-            a.limit_pages * 4096 >> 20
+            (a.max_dirty_pages * 4096) >> 20,
+            (a.limit_pages * 4096) >> 20
         );
     }
     outln!(out);

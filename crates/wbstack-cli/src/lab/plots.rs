@@ -127,7 +127,9 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-pub const WIDTH: u32 = 760;
+pub const WIDTH: u32 = 960;
+/// Room right of the axes for the legend, so it never hides a line.
+const LEGEND_PX: i32 = 220;
 pub const HEIGHT: u32 = 380;
 
 fn range(v: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
@@ -173,6 +175,7 @@ pub fn render_svg(p: &Plot) -> Result<String, String> {
                 let mut b = ChartBuilder::on(&root);
                 b.caption(&p.title, ("sans-serif", 20))
                     .margin(10)
+                    .margin_right(LEGEND_PX)
                     .x_label_area_size(40)
                     .y_label_area_size(70);
                 if p.log_y {
@@ -181,12 +184,12 @@ pub fn render_svg(p: &Plot) -> Result<String, String> {
                         .map_err(e)?;
                     mesh(&mut c, p)?;
                     draw_series(&mut c, p)?;
-                    legend(&mut c)?;
+                    legend(&root, &c, p)?;
                 } else {
                     let mut c = b.build_cartesian_2d(x0..x1, y0..y1).map_err(e)?;
                     mesh(&mut c, p)?;
                     draw_series(&mut c, p)?;
-                    legend(&mut c)?;
+                    legend(&root, &c, p)?;
                 }
             }
         }
@@ -241,7 +244,7 @@ where
 {
     for (i, s) in p.series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let anno = match p.kind {
+        match p.kind {
             PlotKind::Points => c
                 .draw_series(
                     s.points
@@ -256,27 +259,51 @@ where
                 ))
                 .map_err(e)?,
         };
-        anno.label(s.name.clone()).legend(move |(x, y)| {
-            PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(3))
-        });
     }
     Ok(())
 }
 
+/// The legend, right of the axes (plotters' own legend is clipped to the plotting area,
+/// where it would hide lines).
 fn legend<'a, X, Y>(
-    c: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    root: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    c: &ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    p: &Plot,
 ) -> Result<(), String>
 where
     X: Ranged,
     Y: Ranged,
 {
-    c.configure_series_labels()
-        .label_font(("sans-serif", 13))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(e)
+    let (xr, yr) = c.plotting_area().get_pixel_range();
+    let x = xr.end + 12;
+    for (i, s) in p.series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let y = yr.start + 8 + 20 * i as i32;
+        match p.kind {
+            PlotKind::Bars => root
+                .draw(&Rectangle::new(
+                    [(x, y - 5), (x + 14, y + 5)],
+                    color.filled(),
+                ))
+                .map_err(e)?,
+            PlotKind::Points => root
+                .draw(&Circle::new((x + 7, y), 4, color.filled()))
+                .map_err(e)?,
+            _ => root
+                .draw(&PathElement::new(
+                    vec![(x, y), (x + 18, y)],
+                    color.stroke_width(3),
+                ))
+                .map_err(e)?,
+        }
+        root.draw(&Text::new(
+            s.name.clone(),
+            (x + 24, y - 7),
+            ("sans-serif", 13).into_font(),
+        ))
+        .map_err(e)?;
+    }
+    Ok(())
 }
 
 fn draw_bars(
@@ -293,6 +320,7 @@ fn draw_bars(
     let mut c = ChartBuilder::on(root)
         .caption(&p.title, ("sans-serif", 20))
         .margin(10)
+        .margin_right(LEGEND_PX)
         .x_label_area_size(40)
         .y_label_area_size(70)
         .build_cartesian_2d(-0.5f64..(ncat as f64 - 0.5), y0.min(0.0)..y1)
@@ -322,16 +350,38 @@ fn draw_bars(
             let left = x - 0.4 + width * i as f64;
             Rectangle::new([(left, 0.0), (left + width * 0.95, y)], color.filled())
         }))
-        .map_err(e)?
-        .label(s.name.clone())
-        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+        .map_err(e)?;
     }
-    legend(&mut c)
+    legend(root, &c, p)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The number of points of every `<polyline>` in an SVG (tests and the report's check).
+    fn svg_polyline_points(svg: &str) -> Vec<usize> {
+        svg.split("<polyline")
+            .skip(1)
+            .filter_map(|s| {
+                let i = s.find("points=\"")? + 8;
+                let j = s[i..].find('"')?;
+                Some(s[i..i + j].split_whitespace().count())
+            })
+            .collect()
+    }
+
+    /// The text of every `<text>` element of an SVG, trimmed.
+    fn svg_texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|s| {
+                let i = s.find('>')? + 1;
+                let j = s[i..].find("</text>")?;
+                Some(s[i..i + j].trim().to_string())
+            })
+            .collect()
+    }
 
     #[test]
     fn a_line_plot_draws_one_polyline_per_series_with_its_points() {
@@ -377,7 +427,8 @@ mod tests {
             .any(|t| t == "99.99"));
         let pt = Plot::new("s", "Delay", PlotKind::Points, "inode", "s")
             .series("a", vec![(1.0, 2.0), (2.0, 3.0)]);
-        assert_eq!(render_svg(&pt).unwrap().matches("<circle").count(), 2);
+        // Two points and the legend's marker.
+        assert_eq!(render_svg(&pt).unwrap().matches("<circle").count(), 3);
     }
 
     #[test]
@@ -403,28 +454,4 @@ mod tests {
         assert!((nines(99.0) - 2.0).abs() < 1e-9);
         assert!((nines(99.99) - 4.0).abs() < 1e-9);
     }
-}
-
-/// The number of points of every `<polyline>` in an SVG (tests and the report's check).
-pub fn svg_polyline_points(svg: &str) -> Vec<usize> {
-    svg.split("<polyline")
-        .skip(1)
-        .filter_map(|s| {
-            let i = s.find("points=\"")? + 8;
-            let j = s[i..].find('"')?;
-            Some(s[i..i + j].split_whitespace().count())
-        })
-        .collect()
-}
-
-/// The text of every `<text>` element of an SVG, trimmed.
-pub fn svg_texts(svg: &str) -> Vec<String> {
-    svg.split("<text")
-        .skip(1)
-        .filter_map(|s| {
-            let i = s.find('>')? + 1;
-            let j = s[i..].find("</text>")?;
-            Some(s[i..i + j].trim().to_string())
-        })
-        .collect()
 }

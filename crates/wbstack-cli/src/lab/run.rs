@@ -340,7 +340,7 @@ fn meaning_dirty(e: &Experiment<dirty::DirtyArm>) -> String {
         one.pause_mean_ms,
         four.pause_mean_ms,
         one.pause_max_ms.max(four.pause_max_ms),
-        one.max_dirty_pages.max(four.max_dirty_pages) * 4096 >> 20,
-        one.limit_pages * 4096 >> 20
+        (one.max_dirty_pages.max(four.max_dirty_pages) * 4096) >> 20,
+        (one.limit_pages * 4096) >> 20
     )
 }
