@@ -809,6 +809,14 @@ impl WbLists {
                 break;
             };
             if !cutoff.admits(dw) {
+                // The switch needs a refill with nothing to write at all: b_io still
+                // empty after the b_more_io splice (seed v1: `list_empty(dispatch_queue)
+                // && list_empty(&tmp)`, queue_io having spliced b_more_io first; v2:
+                // `older_than_this = NULL; goto retry` in wb_writeback, reached only
+                // after a pass that wrote nothing, with b_io and b_more_io empty). A
+                // streaming file that uses its chunk at every visit sits on b_more_io,
+                // so unexpired inodes wait until they expire, it goes clean, or a sync:
+                // faithful, and bounded by dirty_expire_interval (lab expire's plot).
                 if may_switch && !switched && self.lists[ListId::Io.idx()].is_empty() {
                     cutoff = Cutoff::Everything;
                     switched = true;
@@ -1370,6 +1378,91 @@ mod tests {
         assert_eq!((r.spliced, r.moved, r.switched_to_all), (1, 0, false));
         assert_eq!(wb.list(ListId::Io), vec![1]);
         ok(&wb);
+    }
+
+    /// Lab expire (tar + dd) with explicit times: dd (inode 1) uses its chunk at every
+    /// visit, so it is on b_more_io at every refill. A small file dirtied at 2 s is not
+    /// written by background writeback until it expires (32 s) or dd goes clean, as
+    /// with the seed's patch; the pre-seed arm writes it at the next pass.
+    #[test]
+    fn background_expire_first_streamer_defers_young_inodes() {
+        const MS: u64 = NSEC_PER_MSEC;
+        let used = Outcome {
+            still_dirty_pages: true,
+            nr_to_write_left: 0,
+            ..Default::default()
+        };
+        // One background pass at `now`: begin_pass, then visit everything in b_io
+        // (dd uses its chunk, others are written clean). Returns (refill, visited).
+        let pass = |wb: &mut WbLists, w: &Work, now: u64| {
+            let r = wb.begin_pass(w, now);
+            let mut visited = Vec::new();
+            while let Some(i) = wb.next_inode() {
+                visited.push(i);
+                let o = if i == 1 { used } else { written_clean() };
+                wb.requeue(i, o, now);
+            }
+            ok(wb);
+            (r, visited)
+        };
+        let start = |cfg: WbPolicyConfig| {
+            let mut wb = WbLists::with_config(cfg);
+            wb.enable_history();
+            wb.mark_dirty(1, 0);
+            wb
+        };
+
+        // expire_first on, dd streams on: 2 waits for its expiry.
+        let mut wb = start(WbPolicyConfig::default());
+        let w = bg(100 * MS);
+        let (r, v) = pass(&mut wb, &w, 100 * MS);
+        assert_eq!(r.map(|r| r.switched_to_all), Some(true));
+        assert_eq!(v, vec![1]);
+        wb.mark_dirty(2, 2 * S);
+        let mut t = 2 * S + 100 * MS;
+        while t < 32 * S {
+            let (r, v) = pass(&mut wb, &w, t);
+            let r = r.map(|r| (r.spliced, r.moved, r.switched_to_all));
+            assert_eq!((r, v), (Some((1, 0, false)), vec![1]), "at {t}");
+            t += 100 * MS;
+        }
+        assert_eq!(wb.list_of(2), Some(ListId::Dirty));
+        // 32 s: 2 has been dirty for dirty_expire_interval; it is queued behind dd.
+        let (r, v) = pass(&mut wb, &w, 32 * S);
+        assert_eq!(r.map(|r| (r.spliced, r.moved)), Some((1, 1)));
+        assert_eq!(v, vec![1, 2]);
+        assert_eq!(wb.history(2)[0].first_write_delay_ns, Some(30 * S));
+
+        // expire_first on, dd goes clean at 8 s: the next refill has nothing to write,
+        // so it switches to every dirty inode and takes 2.
+        let mut wb = start(WbPolicyConfig::default());
+        pass(&mut wb, &w, 100 * MS);
+        wb.mark_dirty(2, 2 * S);
+        pass(&mut wb, &w, 2 * S + 100 * MS);
+        assert_eq!(wb.next_inode(), None);
+        wb.begin_pass(&w, 8 * S);
+        assert_eq!(wb.next_inode(), Some(1));
+        wb.requeue(1, written_clean(), 8 * S);
+        let (r, v) = pass(&mut wb, &w, 8 * S + 100 * MS);
+        assert_eq!(r.map(|r| (r.moved, r.switched_to_all)), Some((1, true)));
+        assert_eq!(v, vec![2]);
+        assert_eq!(
+            wb.history(2)[0].first_write_delay_ns,
+            Some(6 * S + 100 * MS)
+        );
+
+        // expire_first off (2.6.39): every background pass takes every dirty inode, so
+        // a work started after 2 was dirtied writes it behind dd at once.
+        let mut wb = start(WbPolicyConfig {
+            expire_first: false,
+            ..Default::default()
+        });
+        pass(&mut wb, &w, 100 * MS);
+        wb.mark_dirty(2, 2 * S);
+        let w2 = bg(2 * S + 100 * MS);
+        let (_, v) = pass(&mut wb, &w2, 2 * S + 100 * MS);
+        assert_eq!(v, vec![1, 2]);
+        assert_eq!(wb.history(2)[0].first_write_delay_ns, Some(100 * MS));
     }
 
     #[test]
