@@ -136,6 +136,14 @@ fn dirty_plots(arms: &[DirtyArm], timelines: &[Timeline]) -> Vec<Plot> {
             "time (s)",
             "MiB",
         );
+        // balance_dirty_pages steers dirty + writeback (NR_FILE_DIRTY + NR_WRITEBACK)
+        // to the setpoint, so that sum is the line to read against the levels.
+        let sum: Vec<(f64, f64)> = mib(tl, "nr_dirty")
+            .iter()
+            .zip(mib(tl, "nr_writeback"))
+            .map(|(d, w)| (d.0, d.1 + w.1))
+            .collect();
+        p = p.series("dirty + writeback", sum);
         for (col, name) in [
             ("nr_dirty", "dirty"),
             ("nr_writeback", "writeback"),
