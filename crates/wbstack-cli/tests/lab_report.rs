@@ -5,6 +5,7 @@
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
+use wbstack_cli::lab::plots::{svg_polyline_points, svg_texts};
 
 fn wbstack(args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_wbstack"))
@@ -67,25 +68,6 @@ fn figure_svg<'a>(html: &'a str, id: &str) -> &'a str {
     &s[a..b]
 }
 
-fn unescape(s: &str) -> String {
-    s.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&apos;", "'")
-        .replace("&amp;", "&")
-}
-
-fn polyline_points(svg: &str) -> Vec<usize> {
-    svg.split("<polyline")
-        .skip(1)
-        .filter_map(|s| {
-            let i = s.find("points=\"")? + 8;
-            let j = s[i..].find('"')?;
-            Some(s[i..i + j].split_whitespace().count())
-        })
-        .collect()
-}
-
 fn check_report(dir: &Path, want_plots: &[&str]) -> Value {
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
     let names = parse_tags(&html);
@@ -116,7 +98,7 @@ fn check_report(dir: &Path, want_plots: &[&str]) -> Value {
             .unwrap();
             assert_eq!(&file, p, "{id}.json");
             let svg = figure_svg(&html, &id);
-            let texts: Vec<String> = svg.split('\n').map(|t| unescape(t.trim())).collect();
+            let texts = svg_texts(svg);
             for k in ["title", "x_label", "y_label"] {
                 let t = p[k].as_str().unwrap();
                 assert!(texts.iter().any(|x| x == t), "{id}: {k} '{t}' drawn");
@@ -124,7 +106,7 @@ fn check_report(dir: &Path, want_plots: &[&str]) -> Value {
             let kind = p["kind"].as_str().unwrap();
             let series = p["series"].as_array().unwrap();
             assert!(!series.is_empty(), "{id}: series");
-            let lines = polyline_points(svg);
+            let lines = svg_polyline_points(svg);
             let mut total = 0;
             for s in series {
                 let name = s["name"].as_str().unwrap();

@@ -182,14 +182,10 @@ pub fn render_svg(p: &Plot) -> Result<String, String> {
                     let mut c = b
                         .build_cartesian_2d(x0..x1, (y0..y1).log_scale())
                         .map_err(e)?;
-                    mesh(&mut c, p)?;
-                    draw_series(&mut c, p)?;
-                    legend(&root, &c, p)?;
+                    draw_chart(&root, &mut c, p)?;
                 } else {
                     let mut c = b.build_cartesian_2d(x0..x1, y0..y1).map_err(e)?;
-                    mesh(&mut c, p)?;
-                    draw_series(&mut c, p)?;
-                    legend(&root, &c, p)?;
+                    draw_chart(&root, &mut c, p)?;
                 }
             }
         }
@@ -198,7 +194,9 @@ pub fn render_svg(p: &Plot) -> Result<String, String> {
     Ok(svg)
 }
 
-fn mesh<'a, Y>(
+/// Axes, lines or dots, legend: one chart, whatever its y scale.
+fn draw_chart<'a, Y>(
+    root: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
     c: &mut ChartContext<
         'a,
         SVGBackend<'a>,
@@ -228,7 +226,9 @@ where
         .y_label_formatter(&|y: &f64| tick(*y))
         .light_line_style(WHITE.mix(0.0))
         .draw()
-        .map_err(e)
+        .map_err(e)?;
+    draw_series(c, p)?;
+    legend(root, c, p)
 }
 
 fn draw_series<'a, Y>(
@@ -355,33 +355,42 @@ fn draw_bars(
     legend(root, &c, p)
 }
 
+/// The number of points of every `<polyline>` in an SVG (tests and the report's check).
+pub fn svg_polyline_points(svg: &str) -> Vec<usize> {
+    svg.split("<polyline")
+        .skip(1)
+        .filter_map(|s| {
+            let i = s.find("points=\"")? + 8;
+            let j = s[i..].find('"')?;
+            Some(s[i..i + j].split_whitespace().count())
+        })
+        .collect()
+}
+
+/// The text of every `<text>` element of an SVG, trimmed and unescaped.
+pub fn svg_texts(svg: &str) -> Vec<String> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|s| {
+            let i = s.find('>')? + 1;
+            let j = s[i..].find("</text>")?;
+            Some(unescape(s[i..i + j].trim()))
+        })
+        .collect()
+}
+
+/// Back from SVG's escaped text to the string drawn.
+pub fn unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&amp;", "&")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The number of points of every `<polyline>` in an SVG (tests and the report's check).
-    fn svg_polyline_points(svg: &str) -> Vec<usize> {
-        svg.split("<polyline")
-            .skip(1)
-            .filter_map(|s| {
-                let i = s.find("points=\"")? + 8;
-                let j = s[i..].find('"')?;
-                Some(s[i..i + j].split_whitespace().count())
-            })
-            .collect()
-    }
-
-    /// The text of every `<text>` element of an SVG, trimmed.
-    fn svg_texts(svg: &str) -> Vec<String> {
-        svg.split("<text")
-            .skip(1)
-            .filter_map(|s| {
-                let i = s.find('>')? + 1;
-                let j = s[i..].find("</text>")?;
-                Some(s[i..i + j].trim().to_string())
-            })
-            .collect()
-    }
 
     #[test]
     fn a_line_plot_draws_one_polyline_per_series_with_its_points() {
