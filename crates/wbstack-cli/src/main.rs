@@ -254,8 +254,8 @@ struct LabArgs {
     report: Option<PathBuf>,
     /// Add arms on a kernel filesystem on a loop device on this disk (and wbstack on a
     /// file: device and through the mount beside it): ext4, xfs or both.
-    #[arg(long, value_parser = wbstack_cli::lab::kernel::parse_kernel)]
-    kernel: Option<Vec<wbstack_cli::lab::kernel::KernelFs>>,
+    #[arg(long, value_name = "ext4|xfs|both")]
+    kernel: Option<String>,
     /// Run a report's experiments again (DIR/run.json) and write a second report beside
     /// the first, with the differences.
     #[arg(long, value_name = "RUN_JSON", conflicts_with_all = ["experiments", "quick", "full", "report", "kernel"])]
@@ -510,7 +510,10 @@ fn run_lab(a: LabArgs) -> Result<(), String> {
             runtime: a.runtime,
             sink,
         },
-        kernel: a.kernel.unwrap_or_default(),
+        kernel: match &a.kernel {
+            Some(k) => lab::kernel::parse_kernel(k)?,
+            None => Vec::new(),
+        },
         report: a.report,
         replay_of: None,
     })
