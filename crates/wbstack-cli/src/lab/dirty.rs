@@ -31,7 +31,7 @@ pub struct DirtyArm {
 }
 
 /// A disk, so writers outrun the device and the throttle sets their pace.
-pub const DIRTY_DEVICE: &str = "sim:hdd,size=64G,data=meta";
+pub const DIRTY_DEVICE: &str = "sim:hdd,size=64G,data=meta,seed=1";
 
 pub fn dirty(o: &LabOpts) -> Result<Experiment<DirtyArm>, String> {
     let (bytes, cache) = if o.full {

@@ -28,7 +28,7 @@ pub struct ExpireArm {
 }
 
 /// The device of seed 001: a disk (the thread's dd ran at ~70 MB/s on XFS on sda7).
-pub const EXPIRE_DEVICE: &str = "sim:hdd,size=64G";
+pub const EXPIRE_DEVICE: &str = "sim:hdd,size=64G,seed=1";
 
 /// Seed 001: tar (a synthetic source tree) and dd at once, expire_first on and off,
 /// on a simulated disk with a page cache of 3 GiB as in the thread.

@@ -41,7 +41,7 @@ pub struct FsyncArm {
 
 /// The device of seed 004's sketch: an SSD with a volatile cache (each flush costs
 /// flush_lat) behind a 27,000-IOPS controller.
-pub const FSYNC_DEVICE: &str = "sim:ssd,size=32G";
+pub const FSYNC_DEVICE: &str = "sim:ssd,size=32G,seed=1";
 /// journal_data_kb of the journaled-data arms.
 pub const FSYNC_JDATA_KB: u64 = 64;
 /// Asynchronous flushes each thread keeps in flight in the -A arm: an aio ring's worth.

@@ -26,7 +26,7 @@ pub struct PlugArm {
 
 /// The device of seed 000: an SSD behind a controller capped at 27,000 random 4 KiB
 /// write IOPS (Dave Chinner's test box).
-pub const PLUG_DEVICE: &str = "sim:ssd,size=32G,iops=27000";
+pub const PLUG_DEVICE: &str = "sim:ssd,size=32G,iops=27000,seed=1";
 
 /// Seed 000: fs_mark, 2 threads, 4 KiB files, no sync, with writeback_plug on and off.
 /// The page cache is small against the files written, so most of the run is in the

@@ -110,7 +110,7 @@ pub fn run(req: LabRequest) -> Result<(), String> {
         .map(|n| memory_gib(n, o))
         .fold(0.0, f64::max);
     eprintln!(
-        "lab: {} ({}), about {}{}; up to {mem:.0} GiB of memory for the simulated devices{}",
+        "lab: {} ({}), about {}{}; no disk for wbstack's arms (the simulated devices keep their data in memory: up to {mem:.0} GiB){}",
         req.experiments.join(", "),
         if o.full {
             "--full: near the seeds' scale"
@@ -128,7 +128,7 @@ pub fn run(req: LabRequest) -> Result<(), String> {
         if req.kernel.is_empty() {
             String::new()
         } else {
-            "; the kernel arms use images of up to 16 GiB (sparse) in WBSTACK_LAB_DIR or /var/tmp"
+            "; the kernel arms write their files to sparse images on this disk, in WBSTACK_LAB_DIR or /var/tmp/wbstack-lab-kernel (checked for free space first)"
                 .into()
         }
     );

@@ -61,21 +61,21 @@ pub fn wbt(o: &LabOpts) -> Result<Experiment<WbtArm>, String> {
     let runs: Vec<(&str, u64, &'static str, u64, u64)> = if o.quick {
         vec![
             (
-                "sim:hdd,size=64G,data=meta",
+                "sim:hdd,size=64G,data=meta,seed=1",
                 75_000,
                 "dirty_set",
                 32 << 20,
                 512 << 20,
             ),
             (
-                "sim:ssd,size=64G,data=meta",
+                "sim:ssd,size=64G,data=meta,seed=1",
                 2_000,
                 "dirty_set",
                 64 << 20,
                 512 << 20,
             ),
             (
-                "sim:ssd,size=64G,data=meta",
+                "sim:ssd,size=64G,data=meta,seed=1",
                 2_000,
                 "flood",
                 64 << 20,
@@ -85,21 +85,21 @@ pub fn wbt(o: &LabOpts) -> Result<Experiment<WbtArm>, String> {
     } else {
         vec![
             (
-                "sim:hdd,size=64G,data=meta",
+                "sim:hdd,size=64G,data=meta,seed=1",
                 75_000,
                 "dirty_set",
                 128 << 20,
                 2 << 30,
             ),
             (
-                "sim:ssd,size=64G,data=meta",
+                "sim:ssd,size=64G,data=meta,seed=1",
                 2_000,
                 "dirty_set",
                 256 << 20,
                 2 << 30,
             ),
             (
-                "sim:ssd,size=64G,data=meta",
+                "sim:ssd,size=64G,data=meta,seed=1",
                 2_000,
                 "flood",
                 256 << 20,
