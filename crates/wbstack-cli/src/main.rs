@@ -247,6 +247,10 @@ struct LabArgs {
     /// Run time of each arm, e.g. 3 or 500ms.
     #[arg(long, value_parser = duration_arg)]
     runtime: Option<Duration>,
+    /// Also run the experiment beside the kernel on this disk: ext4, xfs or both (loop
+    /// devices need root), wbstack on a file: image and through its FUSE mount.
+    #[arg(long)]
+    kernel: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -479,6 +483,11 @@ fn run_lab(a: LabArgs) -> Result<(), String> {
         Some(e) => vec![e.clone()],
         None => lab::EXPERIMENTS.iter().map(|s| s.to_string()).collect(),
     };
+    let kernels = a
+        .kernel
+        .as_deref()
+        .map(lab::kernel::parse_kernel)
+        .transpose()?;
     let opts = LabOpts {
         quick: a.quick || a.experiment.is_none(),
         full: false,
@@ -507,6 +516,15 @@ fn run_lab(a: LabArgs) -> Result<(), String> {
                     "unknown experiment '{other}' (known: {})",
                     lab::EXPERIMENTS.join(", ")
                 ));
+            }
+        }
+        if let Some(k) = &kernels {
+            let r = lab::kernel::run(&name, k, &opts)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+            } else {
+                lab::kernel::print(&r);
+                println!();
             }
         }
     }
