@@ -88,6 +88,9 @@ impl Exp for Expire {
         let mut a = t.arm("tar+dd", "GNU tar + dd");
         let (tar_cmd, dd_cmd) = (command_line("tar", &tar_args), command_line("dd", &dd_args));
         a.commands.push(format!("{tar_cmd} & {dd_cmd} & wait; sync"));
+        if let super::DirKind::Mount(_) = t.kind {
+            a.commands.push(super::sync_command(t));
+        }
         a.setup = format!(
             "{}; a generated tree of {files} files ({}), dd of {dd_mib} MiB at once",
             a.setup,
@@ -124,6 +127,10 @@ impl Exp for Expire {
                 let (tar_d, dd_d) = (tar_d?, dd_d?);
                 pts.push((dd_d.as_secs_f64(), dd_mib as f64));
                 programs::run("sync", &[], &c.work)?;
+                // sync does not reach the mount's daemon: its own writeback too.
+                if let super::DirKind::Mount(m) = t.kind {
+                    m.sync()?;
+                }
                 Ok((tar_d, dd_d, t0.elapsed(), pts))
             })
         });

@@ -309,6 +309,26 @@ pub fn syncfs(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// `sync` of a directory target: syncfs on a kernel filesystem; on the mount, also the
+/// daemon's writeback and commit (see `WbsMount::sync`).
+pub fn target_sync(t: &DirTarget) -> Result<(), String> {
+    match t.kind {
+        DirKind::Kernel(_) => syncfs(&t.dir),
+        DirKind::Mount(m) => m.sync(),
+    }
+}
+
+/// The command line a target's sync amounts to, for `commands`.
+fn sync_command(t: &DirTarget) -> String {
+    match t.kind {
+        DirKind::Kernel(_) => format!("syncfs({})", t.dir.display()),
+        DirKind::Mount(_) => format!(
+            "syncfs({d}); wbstack ctl {d} dirty_background_bytes=1 dirty_expire_centisecs=0 dirty_writeback_centisecs=1; wait for nr_dirty 0 and nr_writeback 0 in {d}/.wbstack/stat; put the knobs back; fsync({d})",
+            d = t.dir.display()
+        ),
+    }
+}
+
 /// Remove a file the lab made; a missing one is fine.
 fn remove(p: &Path) -> Result<(), String> {
     match std::fs::remove_file(p) {
