@@ -400,7 +400,7 @@ fn columns(experiment: &str) -> (&'static [(&'static str, &'static str)], &'stat
 fn cell(v: Option<f64>) -> String {
     match v {
         None => "-".into(),
-        Some(v) if v.abs() >= 100.0 => crate::lab::fmt_int(v),
+        Some(v) if v.abs() >= 100.0 || v.fract() == 0.0 => crate::lab::fmt_int(v),
         Some(v) => format!("{v:.2}"),
     }
 }

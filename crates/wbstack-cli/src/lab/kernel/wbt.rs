@@ -83,6 +83,13 @@ impl Exp for Wbt {
                 .map(|v| v.trim().to_string()),
         };
         let values: Vec<String> = match &default {
+            Some(d) if d == "0" => {
+                skipped.push(format!(
+                    "{}: wbt_lat_usec is 0 (wbt off) by default: only the off arm ran",
+                    t.target
+                ));
+                vec![d.clone()]
+            }
             Some(d) => vec![d.clone(), "0".into()],
             None => {
                 skipped.push(format!(
@@ -100,12 +107,13 @@ impl Exp for Wbt {
         };
         let result = (|| -> Result<(), String> {
             for v in &runs {
+                // "on" is the device's default target, named in the setup, so the arms
+                // pair with wbstack's by name.
                 let variant = match v {
-                    Some(v) if v == "0" => "wbt off".to_string(),
-                    Some(v) => format!("wbt {v}us"),
-                    None => "wbt default".into(),
+                    Some(v) if v == "0" => "wbt off",
+                    _ => "wbt on",
                 };
-                let mut a = t.arm(&variant, "readlat (wbstack) on the directory");
+                let mut a = t.arm(variant, "readlat (wbstack) on the directory");
                 a.setup = format!("{}; {WHY_READLAT}", a.setup);
                 if let Some(v) = v {
                     match t.kind {
@@ -148,7 +156,7 @@ impl Exp for Wbt {
     fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {
         let o = opts(c.o);
         let mut arms = Vec::new();
-        for (variant, mount) in [("wbt default", ""), ("wbt off", "wbt_lat_usec=0")] {
+        for (variant, mount) in [("wbt on", ""), ("wbt off", "wbt_lat_usec=0")] {
             let (img, spec) = c.file_spec("wbs-file.img", super::loopdev::IMAGE_SIZE);
             remove(&img)?;
             let mut a = TargetArm::new(
