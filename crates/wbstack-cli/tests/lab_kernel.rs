@@ -44,11 +44,18 @@ fn lab_plug_runs_beside_ext4_and_through_the_mount() {
         .expect("run wbstack lab");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "wbstack lab failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "wbstack lab failed:\n{stdout}\n{stderr}"
+    );
     let run = kernel_run(&stdout);
     let skipped: Vec<String> = run["skipped"]
         .as_array()
-        .map(|v| v.iter().map(|s| s.as_str().unwrap_or("").to_string()).collect())
+        .map(|v| {
+            v.iter()
+                .map(|s| s.as_str().unwrap_or("").to_string())
+                .collect()
+        })
         .unwrap_or_default();
     if !is_root() {
         eprintln!("lab_kernel: not root, so the ext4 arm cannot run; the lab said: {skipped:?}");
@@ -72,7 +79,10 @@ fn lab_plug_runs_beside_ext4_and_through_the_mount() {
         );
         // 2 directories × 10,000 files × 2 loops, all kept as fs_mark keeps them.
         assert_eq!(f["files"].as_f64(), Some(40_000.0), "{target}: {a}");
-        assert!(!a["commands"].as_array().unwrap().is_empty(), "{target}: {a}");
+        assert!(
+            !a["commands"].as_array().unwrap().is_empty(),
+            "{target}: {a}"
+        );
         assert!(
             !a["series"]["files_per_sec"].as_array().unwrap().is_empty(),
             "{target}: no per-loop series: {a}"
@@ -92,7 +102,11 @@ fn lab_plug_runs_beside_ext4_and_through_the_mount() {
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
     let cleaned = std::fs::remove_dir_all(&work);
-    assert!(left.is_empty(), "left behind in {}: {left:?}", work.display());
+    assert!(
+        left.is_empty(),
+        "left behind in {}: {left:?}",
+        work.display()
+    );
     assert!(
         !losetup.contains(&work.display().to_string()),
         "a loop device is still attached: {losetup}"

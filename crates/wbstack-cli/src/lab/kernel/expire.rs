@@ -27,9 +27,14 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
 pub struct Expire;
 
-/// The generated tree as a tar file in the work dir (the same tree as the lab's seed).
+fn tarball_path(c: &Ctx) -> std::path::PathBuf {
+    c.work.join(format!("expire-{}.tar", sizes(c.o).0))
+}
+
+/// The generated tree as a tar file in the work dir (the same tree as the lab's seed),
+/// made once for all targets.
 fn tarball(c: &Ctx, files: usize) -> Result<std::path::PathBuf, String> {
-    let p = c.work.join(format!("expire-{files}.tar"));
+    let p = tarball_path(c);
     if !p.exists() {
         let bytes = tardd::synthetic_tar(files, 1)?;
         std::fs::write(&p, bytes).map_err(|e| format!("{}: {e}", p.display()))?;
@@ -87,7 +92,8 @@ impl Exp for Expire {
         ];
         let mut a = t.arm("tar+dd", "GNU tar + dd");
         let (tar_cmd, dd_cmd) = (command_line("tar", &tar_args), command_line("dd", &dd_args));
-        a.commands.push(format!("{tar_cmd} & {dd_cmd} & wait; sync"));
+        a.commands
+            .push(format!("{tar_cmd} & {dd_cmd} & wait; sync"));
         if let super::DirKind::Mount(_) = t.kind {
             a.commands.push(super::sync_command(t));
         }
@@ -122,8 +128,12 @@ impl Exp for Expire {
                     pts.push((t0.elapsed().as_secs_f64(), len as f64 / (1 << 20) as f64));
                     std::thread::sleep(SAMPLE_EVERY);
                 }
-                let tar_d = tar_h.join().map_err(|_| "the tar waiter panicked".to_string())?;
-                let dd_d = dd_h.join().map_err(|_| "the dd waiter panicked".to_string())?;
+                let tar_d = tar_h
+                    .join()
+                    .map_err(|_| "the tar waiter panicked".to_string())?;
+                let dd_d = dd_h
+                    .join()
+                    .map_err(|_| "the dd waiter panicked".to_string())?;
                 let (tar_d, dd_d) = (tar_d?, dd_d?);
                 pts.push((dd_d.as_secs_f64(), dd_mib as f64));
                 programs::run("sync", &[], &c.work)?;
@@ -146,6 +156,10 @@ impl Exp for Expire {
         // The next arm on this filesystem (none today) should not find a 1 GiB file.
         remove(&zero)?;
         Ok(vec![a])
+    }
+
+    fn cleanup(&self, c: &Ctx) -> Result<(), String> {
+        remove(&tarball_path(c))
     }
 
     fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {

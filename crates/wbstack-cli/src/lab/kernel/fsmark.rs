@@ -182,17 +182,22 @@ fn file_arm(c: &Ctx, variant: &str, opts: &FsmarkOpts) -> Result<TargetArm, Stri
 
 /// Our fsmark on a directory target (the -A arms: Debian's fs_mark has no -A), with the
 /// device's counters read around it.
-fn ours_on_dir(c: &Ctx, t: &DirTarget, variant: &str, opts: &FsmarkOpts) -> Result<TargetArm, String> {
-    let mut a = t.arm(
-        variant,
-"fsmark (wbstack)");
+fn ours_on_dir(
+    c: &Ctx,
+    t: &DirTarget,
+    variant: &str,
+    opts: &FsmarkOpts,
+) -> Result<TargetArm, String> {
+    let mut a = t.arm(variant, "fsmark (wbstack)");
     a.setup = format!(
         "{}; Debian's fs_mark has no -A, so wbstack's fsmark ran on the directory: an asynchronous fsync per file ({}), reaped later",
         a.setup,
         crate::benchfs::async_flush_mechanism()
     );
-    a.commands
-        .push(ours_command(&format!("--dir-path {}", t.dir.display()), opts));
+    a.commands.push(ours_command(
+        &format!("--dir-path {}", t.dir.display()),
+        opts,
+    ));
     let fs: Arc<dyn BenchFs> = Arc::new(DirFs::new(&t.dir)?);
     let before = read_stats(&t.stat)?;
     let label = format!("lab --kernel: {}", a.name);
@@ -210,7 +215,10 @@ fn ours_on_dir(c: &Ctx, t: &DirTarget, variant: &str, opts: &FsmarkOpts) -> Resu
     let wall_s = r.totals.wall_s + extra_sync_s;
     a.fig("sync_s", r.totals.sync_s + extra_sync_s);
     a.fig("wall_s", wall_s);
-    a.fig("files_per_sec_incl_sync", r.totals.files as f64 / wall_s.max(1e-9));
+    a.fig(
+        "files_per_sec_incl_sync",
+        r.totals.files as f64 / wall_s.max(1e-9),
+    );
     // DirFs finds no device under a FUSE mount: the counters read here serve both.
     device_figures(&mut a, &after.delta(&before), wall_s);
     Ok(a)
@@ -235,10 +243,20 @@ pub fn plug_sizes(o: &LabOpts) -> (u64, u32) {
 }
 
 fn plug_args(n: u64, loops: u32) -> Vec<String> {
-    ["-D", "100", "-S0", "-n", &n.to_string(), "-s", "4096", "-L", &loops.to_string()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "-D",
+        "100",
+        "-S0",
+        "-n",
+        &n.to_string(),
+        "-s",
+        "4096",
+        "-L",
+        &loops.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 /// Seed 000: fs_mark -d D/0 -d D/1 -D 100 -S0 -n N -s 4096 -L L, then syncfs.
@@ -317,7 +335,17 @@ impl Exp for Fsync {
         let ((n, loops), per_thread) = fsync_sizes(c.o);
         let mut v = vec![debian_fs_mark(c, t, "-S0", 2, &plug_args(n, loops))?];
         let s1: Vec<String> = [
-            "-D", "100", "-S1", "-n", &per_thread.to_string(), "-s", "4096", "-L", "1", "-t", "8",
+            "-D",
+            "100",
+            "-S1",
+            "-n",
+            &per_thread.to_string(),
+            "-s",
+            "4096",
+            "-L",
+            "1",
+            "-t",
+            "8",
         ]
         .iter()
         .map(|s| s.to_string())

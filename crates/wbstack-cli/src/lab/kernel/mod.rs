@@ -17,8 +17,8 @@ mod fsmark;
 mod inflight;
 pub mod loopdev;
 pub mod programs;
-mod wbt;
 pub mod wbsmount;
+mod wbt;
 
 use crate::lab::LabOpts;
 use crate::progress::{Sink, Step};
@@ -166,6 +166,10 @@ trait Exp {
         skipped: &mut Vec<String>,
     ) -> Result<Vec<TargetArm>, String>;
     fn file_arms(&self, c: &Ctx, skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String>;
+    /// Remove what the arms shared (a generated archive) once every target ran.
+    fn cleanup(&self, _c: &Ctx) -> Result<(), String> {
+        Ok(())
+    }
     /// Mount options of the wbstack-mount target.
     fn mount_opts(&self, _c: &Ctx) -> String {
         String::new()
@@ -265,6 +269,7 @@ pub fn run(experiment_name: &str, kernels: &[KernelFs], o: &LabOpts) -> Result<K
             }
         }
     }
+    exp.cleanup(&c)?;
     Ok(r)
 }
 
@@ -420,7 +425,13 @@ pub fn print(r: &KernelRun) {
         "{} beside the kernel, on this machine's disk (loop device / file: image / FUSE mount)",
         r.experiment
     );
-    let name_w = r.arms.iter().map(|a| a.name.len()).max().unwrap_or(4).max(4);
+    let name_w = r
+        .arms
+        .iter()
+        .map(|a| a.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     let prog_w = r
         .arms
         .iter()
@@ -428,14 +439,20 @@ pub fn print(r: &KernelRun) {
         .max()
         .unwrap_or(7)
         .clamp(7, 34);
-    let mut head = format!("{:<name_w$}  {:<14} {:<prog_w$}", "arm", "target", "program");
+    let mut head = format!(
+        "{:<name_w$}  {:<14} {:<prog_w$}",
+        "arm", "target", "program"
+    );
     for (_, h) in cols {
         head.push_str(&format!(" {h:>12}"));
     }
     println!("{head}");
     println!("{}", "-".repeat(head.len()));
     for a in &r.arms {
-        let mut line = format!("{:<name_w$}  {:<14} {:<prog_w$}", a.name, a.target, a.program);
+        let mut line = format!(
+            "{:<name_w$}  {:<14} {:<prog_w$}",
+            a.name, a.target, a.program
+        );
         for (k, _) in cols {
             line.push_str(&format!(" {:>12}", cell(a.get(k))));
         }
@@ -478,7 +495,10 @@ mod tests {
 
     #[test]
     fn kernel_names_parse() {
-        assert_eq!(parse_kernel("both").unwrap(), vec![KernelFs::Ext4, KernelFs::Xfs]);
+        assert_eq!(
+            parse_kernel("both").unwrap(),
+            vec![KernelFs::Ext4, KernelFs::Xfs]
+        );
         assert!(parse_kernel("btrfs").unwrap_err().contains("btrfs"));
     }
 
@@ -489,7 +509,12 @@ mod tests {
 
     #[test]
     fn variants_pair_arms_across_targets() {
-        let a = TargetArm::new("wbstack-mount -S1 t8".into(), "wbstack-mount", "x", String::new());
+        let a = TargetArm::new(
+            "wbstack-mount -S1 t8".into(),
+            "wbstack-mount",
+            "x",
+            String::new(),
+        );
         assert_eq!(variant(&a), "-S1 t8");
     }
 }

@@ -29,7 +29,9 @@ pub fn ensure(prog: &str, pkg: &str) -> Result<(), String> {
         return Ok(());
     }
     if !have("apt-get") {
-        return Err(format!("{prog} missing and there is no apt-get to install {pkg}"));
+        return Err(format!(
+            "{prog} missing and there is no apt-get to install {pkg}"
+        ));
     }
     eprintln!("lab --kernel: {prog} missing: installing {pkg} with apt-get");
     let update = Command::new("apt-get")
@@ -181,9 +183,7 @@ pub fn parse_fio_json(text: &str) -> Result<FioResult, String> {
         .ok_or_else(|| format!("fio printed no JSON: {}", tail(text.as_bytes())))?;
     let v: serde_json::Value = serde_json::from_str(&text[start..])
         .map_err(|e| format!("fio's JSON does not parse: {e}"))?;
-    let job = v["jobs"]
-        .get(0)
-        .ok_or("fio's JSON has no jobs")?;
+    let job = v["jobs"].get(0).ok_or("fio's JSON has no jobs")?;
     if job["error"].as_i64().unwrap_or(0) != 0 {
         return Err(format!("fio job failed with error {}", job["error"]));
     }

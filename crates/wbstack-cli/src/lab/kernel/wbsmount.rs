@@ -125,8 +125,8 @@ impl WbsMount {
             .try_for_each(|((knob, _), v)| self.ctl(knob, v.trim()).map(drop));
         waited?;
         restored?;
-        let root = std::fs::File::open(&self.mnt)
-            .map_err(|e| format!("{}: {e}", self.mnt.display()))?;
+        let root =
+            std::fs::File::open(&self.mnt).map_err(|e| format!("{}: {e}", self.mnt.display()))?;
         root.sync_all()
             .map_err(|e| format!("fsync {}: {e}", self.mnt.display()))
     }
@@ -161,7 +161,11 @@ impl WbsMount {
 
     fn teardown(&mut self) -> Result<(), String> {
         if self.mounted {
-            programs::run(&s(&self.exe), &["umount".into(), s(&self.mnt)], Path::new("/"))?;
+            programs::run(
+                &s(&self.exe),
+                &["umount".into(), s(&self.mnt)],
+                Path::new("/"),
+            )?;
             self.mounted = false;
             if let Some(pid) = self.pid {
                 let deadline = Instant::now() + EXIT_WAIT;
@@ -176,7 +180,8 @@ impl WbsMount {
                 }
             }
         }
-        std::fs::remove_file(&self.image).map_err(|e| format!("rm {}: {e}", self.image.display()))?;
+        std::fs::remove_file(&self.image)
+            .map_err(|e| format!("rm {}: {e}", self.image.display()))?;
         std::fs::remove_dir(&self.mnt).map_err(|e| format!("rmdir {}: {e}", self.mnt.display()))
     }
 
@@ -205,7 +210,10 @@ impl Drop for WbsMount {
             return;
         }
         if let Err(e) = self.teardown() {
-            eprintln!("lab --kernel: teardown of the wbstack mount {}: {e}", self.mnt.display());
+            eprintln!(
+                "lab --kernel: teardown of the wbstack mount {}: {e}",
+                self.mnt.display()
+            );
         }
     }
 }
