@@ -158,6 +158,12 @@ impl Exp for Expire {
         Ok(vec![a])
     }
 
+    fn disk_bytes(&self, c: &Ctx) -> u64 {
+        let (files, dd_mib) = sizes(c.o);
+        // The tree's mean file is ~12 KiB; the tarball itself sits beside the images.
+        2 * files as u64 * (16 << 10) + (dd_mib << 20) + (1 << 30)
+    }
+
     fn cleanup(&self, c: &Ctx) -> Result<(), String> {
         remove(&tarball_path(c))
     }
@@ -181,7 +187,7 @@ impl Exp for Expire {
                 "tardd".into(),
                 "--device".into(),
                 spec.clone(),
-                "--synthetic".into(),
+                "--files".into(),
                 files.to_string(),
                 "--dd-size".into(),
                 format!("{dd_mib}M"),

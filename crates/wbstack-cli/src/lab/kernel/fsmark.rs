@@ -129,8 +129,9 @@ fn ours_figures(a: &mut TargetArm, r: &FsmarkReport) {
 }
 
 /// fs_mark's command line for `opts` (what our fsmark does, in fs_mark's terms).
-fn ours_command(root: &str, o: &FsmarkOpts) -> String {
-    let mut v = vec!["bench".to_string(), "fsmark".into(), root.into()];
+fn ours_command(target: [&str; 2], o: &FsmarkOpts) -> String {
+    let mut v = vec!["bench".to_string(), "fsmark".into()];
+    v.extend(target.iter().map(|s| s.to_string()));
     for d in &o.dirs {
         v.push("-d".into());
         v.push(d.clone());
@@ -155,6 +156,12 @@ fn ours_command(root: &str, o: &FsmarkOpts) -> String {
     if o.threads > 0 {
         v.extend(["-t".into(), o.threads.to_string()]);
     }
+    if o.keep {
+        v.push("-k".into());
+    }
+    if o.sync == SyncMethod::Async {
+        v.extend(["--async-depth".into(), o.async_depth.to_string()]);
+    }
     command_line("wbstack", &v)
 }
 
@@ -168,8 +175,7 @@ fn file_arm(c: &Ctx, variant: &str, opts: &FsmarkOpts) -> Result<TargetArm, Stri
         "fsmark (wbstack, in-process)",
         format!("wbstack in this process on {spec}, default mount options; device figures from the volume's disk stats (flushes: empty flushes only, PREFLUSH writes count as writes)"),
     );
-    a.commands
-        .push(ours_command(&format!("--device {spec}"), opts));
+    a.commands.push(ours_command(["--device", &spec], opts));
     let r = {
         let fs = crate::volfs::open(&spec, "")?;
         let label = format!("lab --kernel: {}", a.name);
@@ -194,10 +200,8 @@ fn ours_on_dir(
         a.setup,
         crate::benchfs::async_flush_mechanism()
     );
-    a.commands.push(ours_command(
-        &format!("--dir-path {}", t.dir.display()),
-        opts,
-    ));
+    a.commands
+        .push(ours_command(["--dir-path", &s(&t.dir)], opts));
     let fs: Arc<dyn BenchFs> = Arc::new(DirFs::new(&t.dir)?);
     let before = read_stats(&t.stat)?;
     let label = format!("lab --kernel: {}", a.name);
@@ -228,6 +232,13 @@ fn fsync_figures(a: &mut TargetArm) {
     let fsyncs = a.get("fsyncs").unwrap_or(0.0);
     let flushes = a.get("flushes").unwrap_or(0.0);
     a.fig("fsyncs_per_flush", fsyncs / flushes.max(1.0));
+}
+
+/// What `files` 4 KiB files take on a filesystem: the data, an inode, a directory entry
+/// and the journal's share, rounded up generously (1 KiB each), plus 1 GiB of slack for
+/// the journal and logs.
+fn fsmark_bytes(files: u64) -> u64 {
+    files * (4096 + 1024) + (1 << 30)
 }
 
 /// Seed 000's fs_mark: files per directory per loop and loops.
@@ -271,6 +282,11 @@ impl Exp for Plug {
     ) -> Result<Vec<TargetArm>, String> {
         let (n, loops) = plug_sizes(c.o);
         Ok(vec![debian_fs_mark(c, t, "-S0", 2, &plug_args(n, loops))?])
+    }
+
+    fn disk_bytes(&self, c: &Ctx) -> u64 {
+        let (n, loops) = plug_sizes(c.o);
+        fsmark_bytes(2 * n * loops as u64)
     }
 
     fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {
@@ -360,6 +376,12 @@ impl Exp for Fsync {
             fsync_figures(a);
         }
         Ok(v)
+    }
+
+    fn disk_bytes(&self, c: &Ctx) -> u64 {
+        let ((n, loops), per_thread) = fsync_sizes(c.o);
+        // The three arms run on one filesystem, each keeping its files.
+        fsmark_bytes(2 * n * loops as u64 + 2 * 8 * per_thread)
     }
 
     fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {

@@ -113,6 +113,10 @@ impl Exp for Inflight {
         Ok(arms)
     }
 
+    fn disk_bytes(&self, _c: &Ctx) -> u64 {
+        (FILE_MIB << 20) + (1 << 30)
+    }
+
     fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {
         let img = c.work.join("wbs-blk.img");
         // Written, not sparse: reads of holes would never reach the disk.

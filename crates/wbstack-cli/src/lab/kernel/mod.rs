@@ -166,6 +166,8 @@ trait Exp {
         skipped: &mut Vec<String>,
     ) -> Result<Vec<TargetArm>, String>;
     fn file_arms(&self, c: &Ctx, skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String>;
+    /// Bytes of this disk one target's arms may fill at most (images are sparse).
+    fn disk_bytes(&self, c: &Ctx) -> u64;
     /// Remove what the arms shared (a generated archive) once every target ran.
     fn cleanup(&self, _c: &Ctx) -> Result<(), String> {
         Ok(())
@@ -210,6 +212,18 @@ pub fn run(experiment_name: &str, kernels: &[KernelFs], o: &LabOpts) -> Result<K
         experiment: experiment_name.into(),
         ..Default::default()
     };
+    // One target at a time holds an image, but each image fills up to this.
+    let need = exp.disk_bytes(&c);
+    let free = free_bytes(&c.work)?;
+    if free < need {
+        r.skipped.push(format!(
+            "every target: {} has {} MiB free, the arms of {experiment_name} need up to {} MiB",
+            c.work.display(),
+            free >> 20,
+            need >> 20
+        ));
+        return Ok(r);
+    }
     for &k in kernels {
         if !is_root() {
             r.skipped.push(format!(
@@ -312,6 +326,23 @@ pub fn syncfs(dir: &Path) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Bytes available to us on the filesystem holding `dir`.
+fn free_bytes(dir: &Path) -> Result<u64, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    // SAFETY: statvfs fills the struct we pass; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(format!(
+            "statvfs {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// `sync` of a directory target: syncfs on a kernel filesystem; on the mount, also the

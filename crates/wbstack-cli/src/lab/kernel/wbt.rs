@@ -37,9 +37,9 @@ fn opts(o: &LabOpts) -> ReadlatOpts {
     }
 }
 
-fn command(target: &str, o: &ReadlatOpts) -> String {
+fn command(target: &[&str], o: &ReadlatOpts) -> String {
     let mut v = vec!["bench".to_string(), "readlat".into()];
-    v.extend(target.split(' ').map(str::to_string));
+    v.extend(target.iter().map(|s| s.to_string()));
     v.extend([
         "--size".into(),
         format!("{}M", o.size >> 20),
@@ -131,8 +131,7 @@ impl Exp for Wbt {
                 drop_caches()?;
                 a.commands
                     .push("sync; echo 3 > /proc/sys/vm/drop_caches".into());
-                a.commands
-                    .push(command(&format!("--dir-path {}", s(&t.dir)), &o));
+                a.commands.push(command(&["--dir-path", &s(&t.dir)], &o));
                 let fs: Arc<dyn BenchFs> = Arc::new(DirFs::new(&t.dir)?);
                 let label = format!("lab --kernel: {}", a.name);
                 let r = step(c.o.sink, &label, || readlat::run(&o, fs))?;
@@ -153,6 +152,12 @@ impl Exp for Wbt {
         Ok(arms)
     }
 
+    fn disk_bytes(&self, c: &Ctx) -> u64 {
+        let (read, dd, _) = sizes(c.o);
+        // The input, its copy through the pipe, the dd's file.
+        2 * read + dd + (1 << 30)
+    }
+
     fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {
         let o = opts(c.o);
         let mut arms = Vec::new();
@@ -167,9 +172,9 @@ impl Exp for Wbt {
                     "wbstack in this process on {spec}, mount options '{mount}'; {WHY_READLAT}"
                 ),
             );
-            let mut target = format!("--device {spec}");
+            let mut target = vec!["--device", &spec];
             if !mount.is_empty() {
-                target.push_str(&format!(" -o {mount}"));
+                target.extend(["-o", mount]);
             }
             a.commands.push(command(&target, &o));
             let r = {
