@@ -515,6 +515,14 @@ pub fn print(r: &KernelRun) {
             println!("ratios: {}", lines.join("; "));
         }
     }
+    // Where each target ran, once (the arms of a target share it up to their switch).
+    let mut seen: Vec<&str> = Vec::new();
+    for a in &r.arms {
+        if !seen.contains(&a.target.as_str()) {
+            seen.push(&a.target);
+            println!("{}: {}", a.target, a.setup);
+        }
+    }
     for s in &r.skipped {
         println!("skipped: {s}");
     }
