@@ -16,9 +16,9 @@ use std::time::Duration;
 const WHY_READLAT: &str = "fio's t/read-to-pipe-async has a lost-wakeup race (its reader signals without holding the lock or setting a predicate, ~10 ms lost per 4 KiB block when reads are fast), which is why readlat (wbstack's port, waiting on a predicate under the lock) is used";
 
 /// (bytes read, bytes the dd writes, the dd's delay after the reads start). The dd is
-/// larger than the kernel's background threshold on a 24 GiB machine (10% of available
-/// memory, ~2.3 GiB), so the kernel's writeback runs during the reads; below it the
-/// kernel would write nothing back until the dirty data expired after 30 s.
+/// larger than the kernel's background threshold on the 24 GiB development machine
+/// (nr_dirty_background_threshold: ~1.7 GiB), so the kernel's writeback runs during the
+/// reads; below it the kernel would write nothing back until the data expired (30 s).
 fn sizes(o: &LabOpts) -> (u64, u64, Duration) {
     if o.full {
         (4 << 30, 4000 << 20, Duration::from_millis(300))
