@@ -374,6 +374,10 @@ impl Exp for Fsync {
         for a in &mut v {
             a.figures.entry("fsyncs".into()).or_insert(0.0);
             fsync_figures(a);
+            a.setup = format!(
+                "{}; the three arms run in turn on this filesystem, each keeping its files",
+                a.setup
+            );
         }
         Ok(v)
     }

@@ -136,6 +136,16 @@ impl LoopFs {
         read_stats(&self.stat_path())
     }
 
+    /// Tear down now and say whether everything went (Drop can only print it).
+    pub fn finish(mut self) -> Result<(), String> {
+        let r = self.teardown();
+        // Whatever failed stays failed: Drop must not try, and print, again.
+        self.mounted = false;
+        self.attached = false;
+        self.image = PathBuf::new();
+        r
+    }
+
     fn teardown(&mut self) -> Result<(), String> {
         let mut errs = Vec::new();
         if self.mounted {
@@ -173,6 +183,9 @@ impl LoopFs {
 
 impl Drop for LoopFs {
     fn drop(&mut self) {
+        if self.image.as_os_str().is_empty() {
+            return;
+        }
         // Drop cannot return the error: the person must hear of a leftover device.
         if let Err(e) = self.teardown() {
             eprintln!("lab --kernel: teardown of {}: {e}", self.image.display());

@@ -206,15 +206,24 @@ pub fn run(experiment_name: &str, kernels: &[KernelFs], o: &LabOpts) -> Result<K
     let work = std::env::var_os("WBSTACK_LAB_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(WORK_DIR));
-    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let c = Ctx { o, work };
     let mut r = KernelRun {
         experiment: experiment_name.into(),
         ..Default::default()
     };
+    // Without a work dir no target can run: the lab's own table still stands.
+    let free = std::fs::create_dir_all(&work)
+        .map_err(|e| format!("{}: {e}", work.display()))
+        .and_then(|()| free_bytes(&work));
+    let c = Ctx { o, work };
     // One target at a time holds an image, but each image fills up to this.
     let need = exp.disk_bytes(&c);
-    let free = free_bytes(&c.work)?;
+    let free = match free {
+        Ok(f) => f,
+        Err(e) => {
+            r.skipped.push(format!("every target: no work dir: {e}"));
+            return Ok(r);
+        }
+    };
     if free < need {
         r.skipped.push(format!(
             "every target: {} has {} MiB free, the arms of {experiment_name} need up to {} MiB",
@@ -254,7 +263,9 @@ pub fn run(experiment_name: &str, kernels: &[KernelFs], o: &LabOpts) -> Result<K
             Err(e) => r.skipped.push(format!("{}: {e}", k.name())),
         }
         drop(t);
-        drop(l);
+        if let Err(e) = l.finish() {
+            r.skipped.push(format!("{}: teardown: {e}", k.name()));
+        }
     }
     let mut skipped = Vec::new();
     match exp.file_arms(&c, &mut skipped) {
