@@ -64,7 +64,7 @@ fn debian_fs_mark(
     let label = format!("lab --kernel: {}", a.name);
     let out = step(c.o.sink, &label, || programs::run("fs_mark", &full, &t.dir))?;
     let loops_s = t0.elapsed().as_secs_f64();
-    super::target_sync(t)?;
+    step(c.o.sink, &format!("{label}: sync"), || super::target_sync(t))?;
     let wall_s = t0.elapsed().as_secs_f64();
     let after = read_stats(&t.stat)?;
     // fs_mark leaves its log in the current directory.
@@ -210,7 +210,7 @@ fn ours_on_dir(
     // its writeback is timed here and added to the figures with sync in them.
     let t_sync = Instant::now();
     if let super::DirKind::Mount(m) = t.kind {
-        m.sync()?;
+        step(c.o.sink, &format!("{label}: sync"), || m.sync())?;
         a.commands.push(super::sync_command(t));
     }
     let extra_sync_s = t_sync.elapsed().as_secs_f64();
