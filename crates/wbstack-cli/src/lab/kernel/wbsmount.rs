@@ -88,7 +88,7 @@ impl WbsMount {
 
     pub fn setup(&self) -> String {
         format!(
-            "wbstack FUSE mount of {} ({} sparse, wbstack mkfs defaults) on {}, daemon pid {}; device figures from .wbstack/diskstats",
+            "wbstack FUSE mount of {} ({} sparse, wbstack mkfs defaults) on {}, daemon pid {}; device figures from .wbstack/diskstats (flushes: empty flushes only, PREFLUSH writes count as writes)",
             self.image.display(),
             super::loopdev::IMAGE_SIZE,
             self.mnt.display(),
