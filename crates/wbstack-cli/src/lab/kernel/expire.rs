@@ -73,8 +73,9 @@ impl Exp for Expire {
         &self,
         c: &Ctx,
         t: &DirTarget,
+        out: &mut Vec<TargetArm>,
         _skipped: &mut Vec<String>,
-    ) -> Result<Vec<TargetArm>, String> {
+    ) -> Result<(), String> {
         programs::ensure("tar", "tar")?;
         let (files, dd_mib) = sizes(c.o);
         let tar = tarball(c, files)?;
@@ -155,7 +156,8 @@ impl Exp for Expire {
         a.series.insert("dd_mib".into(), pts);
         // The next arm on this filesystem (none today) should not find a 1 GiB file.
         remove(&zero)?;
-        Ok(vec![a])
+        out.push(a);
+        Ok(())
     }
 
     fn disk_bytes(&self, c: &Ctx) -> u64 {
@@ -168,7 +170,12 @@ impl Exp for Expire {
         remove(&tarball_path(c))
     }
 
-    fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {
+    fn file_arms(
+        &self,
+        c: &Ctx,
+        out: &mut Vec<TargetArm>,
+        _skipped: &mut Vec<String>,
+    ) -> Result<(), String> {
         let (files, dd_mib) = sizes(c.o);
         let (img, spec) = c.file_spec("wbs-file.img", super::loopdev::IMAGE_SIZE);
         remove(&img)?;
@@ -217,6 +224,7 @@ impl Exp for Expire {
             a.fig("avg_write_kib", d.avg_write_kib);
             a.fig("flushes", d.flushes as f64);
         }
-        Ok(vec![a])
+        out.push(a);
+        Ok(())
     }
 }

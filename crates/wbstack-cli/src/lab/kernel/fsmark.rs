@@ -64,7 +64,9 @@ fn debian_fs_mark(
     let label = format!("lab --kernel: {}", a.name);
     let out = step(c.o.sink, &label, || programs::run("fs_mark", &full, &t.dir))?;
     let loops_s = t0.elapsed().as_secs_f64();
-    step(c.o.sink, &format!("{label}: sync"), || super::target_sync(t))?;
+    step(c.o.sink, &format!("{label}: sync"), || {
+        super::target_sync(t)
+    })?;
     let wall_s = t0.elapsed().as_secs_f64();
     let after = read_stats(&t.stat)?;
     // fs_mark leaves its log in the current directory.
@@ -278,10 +280,12 @@ impl Exp for Plug {
         &self,
         c: &Ctx,
         t: &DirTarget,
+        out: &mut Vec<TargetArm>,
         _skipped: &mut Vec<String>,
-    ) -> Result<Vec<TargetArm>, String> {
+    ) -> Result<(), String> {
         let (n, loops) = plug_sizes(c.o);
-        Ok(vec![debian_fs_mark(c, t, "-S0", 2, &plug_args(n, loops))?])
+        out.push(debian_fs_mark(c, t, "-S0", 2, &plug_args(n, loops))?);
+        Ok(())
     }
 
     fn disk_bytes(&self, c: &Ctx) -> u64 {
@@ -289,7 +293,12 @@ impl Exp for Plug {
         fsmark_bytes(2 * n * loops as u64)
     }
 
-    fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {
+    fn file_arms(
+        &self,
+        c: &Ctx,
+        out: &mut Vec<TargetArm>,
+        _skipped: &mut Vec<String>,
+    ) -> Result<(), String> {
         let (n, loops) = plug_sizes(c.o);
         let opts = FsmarkOpts {
             dirs: vec!["0".into(), "1".into()],
@@ -303,7 +312,8 @@ impl Exp for Plug {
             keep: true,
             ..Default::default()
         };
-        Ok(vec![file_arm(c, "-S0", &opts)?])
+        out.push(file_arm(c, "-S0", &opts)?);
+        Ok(())
     }
 }
 
@@ -346,10 +356,21 @@ impl Exp for Fsync {
         &self,
         c: &Ctx,
         t: &DirTarget,
+        out: &mut Vec<TargetArm>,
         _skipped: &mut Vec<String>,
-    ) -> Result<Vec<TargetArm>, String> {
+    ) -> Result<(), String> {
         let ((n, loops), per_thread) = fsync_sizes(c.o);
-        let mut v = vec![debian_fs_mark(c, t, "-S0", 2, &plug_args(n, loops))?];
+        // Each arm is complete when pushed: a later arm's failure keeps the earlier ones.
+        let done = |mut a: TargetArm, out: &mut Vec<TargetArm>| {
+            a.figures.entry("fsyncs".into()).or_insert(0.0);
+            fsync_figures(&mut a);
+            a.setup = format!(
+                "{}; the three arms run in turn on this filesystem, each keeping its files",
+                a.setup
+            );
+            out.push(a);
+        };
+        done(debian_fs_mark(c, t, "-S0", 2, &plug_args(n, loops))?, out);
         let s1: Vec<String> = [
             "-D",
             "100",
@@ -369,17 +390,9 @@ impl Exp for Fsync {
         let mut a = debian_fs_mark(c, t, "-S1 t8", 2, &s1)?;
         // -S1: one fsync per file.
         a.fig("fsyncs", a.get("files").unwrap_or(0.0));
-        v.push(a);
-        v.push(ours_on_dir(c, t, "-A t8", &async_opts(per_thread))?);
-        for a in &mut v {
-            a.figures.entry("fsyncs".into()).or_insert(0.0);
-            fsync_figures(a);
-            a.setup = format!(
-                "{}; the three arms run in turn on this filesystem, each keeping its files",
-                a.setup
-            );
-        }
-        Ok(v)
+        done(a, out);
+        done(ours_on_dir(c, t, "-A t8", &async_opts(per_thread))?, out);
+        Ok(())
     }
 
     fn disk_bytes(&self, c: &Ctx) -> u64 {
@@ -388,7 +401,12 @@ impl Exp for Fsync {
         fsmark_bytes(2 * n * loops as u64 + 2 * 8 * per_thread)
     }
 
-    fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {
+    fn file_arms(
+        &self,
+        c: &Ctx,
+        out: &mut Vec<TargetArm>,
+        _skipped: &mut Vec<String>,
+    ) -> Result<(), String> {
         let ((n, loops), per_thread) = fsync_sizes(c.o);
         let s0 = FsmarkOpts {
             dirs: vec!["0".into(), "1".into()],
@@ -409,14 +427,15 @@ impl Exp for Fsync {
             sync: SyncMethod::Fsync,
             ..s0.clone()
         };
-        let mut v = vec![
-            file_arm(c, "-S0", &s0)?,
-            file_arm(c, "-S1 t8", &s1)?,
-            file_arm(c, "-A t8", &async_opts(per_thread))?,
-        ];
-        for a in &mut v {
-            fsync_figures(a);
+        for (variant, opts) in [
+            ("-S0", &s0),
+            ("-S1 t8", &s1),
+            ("-A t8", &async_opts(per_thread)),
+        ] {
+            let mut a = file_arm(c, variant, opts)?;
+            fsync_figures(&mut a);
+            out.push(a);
         }
-        Ok(v)
+        Ok(())
     }
 }

@@ -51,8 +51,9 @@ impl Exp for Inflight {
         &self,
         c: &Ctx,
         t: &DirTarget,
+        out: &mut Vec<TargetArm>,
         skipped: &mut Vec<String>,
-    ) -> Result<Vec<TargetArm>, String> {
+    ) -> Result<(), String> {
         programs::ensure("fio", "fio")?;
         let file = t.dir.join("fio-randread.dat");
         let rt = runtime(c.o);
@@ -72,7 +73,6 @@ impl Exp for Inflight {
             DirKind::Kernel(l) => l.queue("iostats"),
             DirKind::Mount(_) => None,
         };
-        let mut arms = Vec::new();
         let result = (|| -> Result<(), String> {
             for jobs in JOBS {
                 for sw in &switches {
@@ -90,15 +90,15 @@ impl Exp for Inflight {
                     let args = fio_args(&s(&file), jobs, rt);
                     a.commands.push(command_line("fio", &args));
                     let label = format!("lab --kernel: {}", a.name);
-                    let out = step(c.o.sink, &label, || programs::run("fio", &args, &c.work))?;
-                    let r = programs::parse_fio_json(&String::from_utf8_lossy(&out.stdout))?;
+                    let fio = step(c.o.sink, &label, || programs::run("fio", &args, &c.work))?;
+                    let r = programs::parse_fio_json(&String::from_utf8_lossy(&fio.stdout))?;
                     a.fig("iops", r.read_iops);
                     a.fig("usr_pct", r.usr_cpu_pct);
                     a.fig("sys_pct", r.sys_cpu_pct);
                     a.fig("lat_p50_us", r.read_clat_p50_us);
                     a.fig("lat_p99_us", r.read_clat_p99_us);
                     a.fig("jobs", jobs as f64);
-                    arms.push(a);
+                    out.push(a);
                 }
             }
             Ok(())
@@ -109,15 +109,19 @@ impl Exp for Inflight {
             l.set_queue("iostats", &v)?;
         }
         remove(&file)?;
-        result?;
-        Ok(arms)
+        result
     }
 
     fn disk_bytes(&self, _c: &Ctx) -> u64 {
         (FILE_MIB << 20) + (1 << 30)
     }
 
-    fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {
+    fn file_arms(
+        &self,
+        c: &Ctx,
+        out: &mut Vec<TargetArm>,
+        _skipped: &mut Vec<String>,
+    ) -> Result<(), String> {
         let img = c.work.join("wbs-blk.img");
         // Written, not sparse: reads of holes would never reach the disk.
         {
@@ -134,7 +138,6 @@ impl Exp for Inflight {
         }
         let spec = format!("file:{}", img.display());
         let rt = runtime(c.o);
-        let mut arms = Vec::new();
         let result = (|| -> Result<(), String> {
             for jobs in JOBS {
                 for (mode, v) in [(IoStatsMode::Off, "0"), (IoStatsMode::Tags, "1")] {
@@ -189,13 +192,12 @@ impl Exp for Inflight {
                     a.fig("lat_p50_us", r.lat_p50_us);
                     a.fig("lat_p99_us", r.lat_p99_us);
                     a.fig("jobs", jobs as f64);
-                    arms.push(a);
+                    out.push(a);
                 }
             }
             Ok(())
         })();
         remove(&img)?;
-        result?;
-        Ok(arms)
+        result
     }
 }

@@ -163,18 +163,21 @@ trait Exp {
         &self,
         c: &Ctx,
         t: &DirTarget,
+        out: &mut Vec<TargetArm>,
         skipped: &mut Vec<String>,
-    ) -> Result<Vec<TargetArm>, String>;
-    fn file_arms(&self, c: &Ctx, skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String>;
+    ) -> Result<(), String>;
+    /// The arms that ran are in `out` even when a later one fails.
+    fn file_arms(
+        &self,
+        c: &Ctx,
+        out: &mut Vec<TargetArm>,
+        skipped: &mut Vec<String>,
+    ) -> Result<(), String>;
     /// Bytes of this disk one target's arms may fill at most (images are sparse).
     fn disk_bytes(&self, c: &Ctx) -> u64;
     /// Remove what the arms shared (a generated archive) once every target ran.
     fn cleanup(&self, _c: &Ctx) -> Result<(), String> {
         Ok(())
-    }
-    /// Mount options of the wbstack-mount target.
-    fn mount_opts(&self, _c: &Ctx) -> String {
-        String::new()
     }
 }
 
@@ -258,22 +261,18 @@ pub fn run(experiment_name: &str, kernels: &[KernelFs], o: &LabOpts) -> Result<K
             setup_commands: l.commands.clone(),
             kind: DirKind::Kernel(&l),
         };
-        match exp.dir_arms(&c, &t, &mut r.skipped) {
-            Ok(arms) => r.arms.extend(arms),
-            Err(e) => r.skipped.push(format!("{}: {e}", k.name())),
+        if let Err(e) = exp.dir_arms(&c, &t, &mut r.arms, &mut r.skipped) {
+            r.skipped.push(format!("{}: {e}", k.name()));
         }
         drop(t);
         if let Err(e) = l.finish() {
             r.skipped.push(format!("{}: teardown: {e}", k.name()));
         }
     }
-    let mut skipped = Vec::new();
-    match exp.file_arms(&c, &mut skipped) {
-        Ok(arms) => r.arms.extend(arms),
-        Err(e) => r.skipped.push(format!("wbstack-file: {e}")),
+    if let Err(e) = exp.file_arms(&c, &mut r.arms, &mut r.skipped) {
+        r.skipped.push(format!("wbstack-file: {e}"));
     }
-    r.skipped.extend(skipped);
-    match wbsmount::WbsMount::make(&c.work, &exp.mount_opts(&c)) {
+    match wbsmount::WbsMount::make(&c.work, "") {
         Err(e) => r.skipped.push(format!("wbstack-mount: setup failed: {e}")),
         Ok(m) => {
             let t = DirTarget {
@@ -284,9 +283,8 @@ pub fn run(experiment_name: &str, kernels: &[KernelFs], o: &LabOpts) -> Result<K
                 setup_commands: m.commands.clone(),
                 kind: DirKind::Mount(&m),
             };
-            match exp.dir_arms(&c, &t, &mut r.skipped) {
-                Ok(arms) => r.arms.extend(arms),
-                Err(e) => r.skipped.push(format!("wbstack-mount: {e}")),
+            if let Err(e) = exp.dir_arms(&c, &t, &mut r.arms, &mut r.skipped) {
+                r.skipped.push(format!("wbstack-mount: {e}"));
             }
             drop(t);
             if let Err(e) = m.finish() {

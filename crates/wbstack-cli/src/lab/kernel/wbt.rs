@@ -75,8 +75,9 @@ impl Exp for Wbt {
         &self,
         c: &Ctx,
         t: &DirTarget,
+        out: &mut Vec<TargetArm>,
         skipped: &mut Vec<String>,
-    ) -> Result<Vec<TargetArm>, String> {
+    ) -> Result<(), String> {
         let o = opts(c.o);
         // The switch: (arm's wbt label, how to set it, the command that sets it).
         let default = match t.kind {
@@ -102,7 +103,6 @@ impl Exp for Wbt {
                 Vec::new()
             }
         };
-        let mut arms = Vec::new();
         let runs: Vec<Option<String>> = if values.is_empty() {
             vec![None]
         } else {
@@ -139,7 +139,7 @@ impl Exp for Wbt {
                 let label = format!("lab --kernel: {}", a.name);
                 let r = step(c.o.sink, &label, || readlat::run(&o, fs))?;
                 figures(&mut a, &r);
-                arms.push(a);
+                out.push(a);
             }
             Ok(())
         })();
@@ -151,8 +151,7 @@ impl Exp for Wbt {
                 }
             }
         }
-        result?;
-        Ok(arms)
+        result
     }
 
     fn disk_bytes(&self, c: &Ctx) -> u64 {
@@ -161,9 +160,13 @@ impl Exp for Wbt {
         2 * read + dd + (1 << 30)
     }
 
-    fn file_arms(&self, c: &Ctx, _skipped: &mut Vec<String>) -> Result<Vec<TargetArm>, String> {
+    fn file_arms(
+        &self,
+        c: &Ctx,
+        out: &mut Vec<TargetArm>,
+        _skipped: &mut Vec<String>,
+    ) -> Result<(), String> {
         let o = opts(c.o);
-        let mut arms = Vec::new();
         for (variant, mount) in [("wbt on", ""), ("wbt off", "wbt_lat_usec=0")] {
             let (img, spec) = c.file_spec("wbs-file.img", super::loopdev::IMAGE_SIZE);
             remove(&img)?;
@@ -187,8 +190,8 @@ impl Exp for Wbt {
             };
             remove(&img)?;
             figures(&mut a, &r?);
-            arms.push(a);
+            out.push(a);
         }
-        Ok(arms)
+        Ok(())
     }
 }
