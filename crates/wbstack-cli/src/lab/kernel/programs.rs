@@ -114,6 +114,33 @@ pub fn run(prog: &str, args: &[String], cwd: &Path) -> Result<Output, String> {
     Ok(out)
 }
 
+/// Whether this fs_mark takes -A (asynchronous fsync), from its usage text: Debian's
+/// 3.3 does not; a patched one (seed 004's) may.
+pub fn fs_mark_has_async() -> Result<bool, String> {
+    // fs_mark -h prints its usage and exits non-zero: the status says nothing.
+    let out = Command::new("fs_mark")
+        .arg("-h")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("fs_mark -h: {e}"))?;
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    Ok(usage_has_flag(&text, 'A'))
+}
+
+/// Whether a getopt-style usage text lists `-F` (as "-F ..." or "[-F ...").
+fn usage_has_flag(usage: &str, flag: char) -> bool {
+    let want = format!("-{flag}");
+    usage.lines().any(|l| {
+        let l = l.trim_start().trim_start_matches('[');
+        l.starts_with(&want)
+            && l[want.len()..]
+                .chars()
+                .next()
+                .is_none_or(|c| !c.is_ascii_alphanumeric())
+    })
+}
+
 /// One row of fs_mark's table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FsmarkRow {
@@ -266,6 +293,17 @@ FSUse%        Count         Size    Files/sec     App Overhead
     fn fio_garbage_is_an_error() {
         assert!(parse_fio_json("fio: no such option --bogus").is_err());
         assert!(parse_fio_json("{\"jobs\": []}").is_err());
+    }
+
+    #[test]
+    fn debians_usage_has_no_async_flag() {
+        // Debian's fs_mark 3.3 usage, captured here (abridged to its flag lines).
+        let usage = "Usage: fs_mark\n\t-h <print usage and exit>\n \t-k <keep files after each iteration>\n \t-F <run until FS full>\n \t-S Sync Method (0:No Sync, 1:fsyncBeforeClose, 2:sync/1_fsync, 3:PostReverseFsync, 4:syncPostReverseFsync, 5:PostFsync, 6:syncPostFsync)\n \t[-D number (of subdirectories)]\n \t[-N number (of files in each subdirectory in Round Robin mode)]\n \t[-L number (of iterations)]\n \t[-t number (of total threads)]\n";
+        assert!(!usage_has_flag(usage, 'A'));
+        assert!(usage_has_flag(usage, 'S'));
+        assert!(usage_has_flag(usage, 't'));
+        assert!(usage_has_flag(usage, 'k'));
+        assert!(usage_has_flag("\t[-A (asynchronous fsync)]", 'A'));
     }
 
     #[test]
