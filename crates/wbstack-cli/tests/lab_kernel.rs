@@ -113,3 +113,44 @@ fn lab_plug_runs_beside_ext4_and_through_the_mount() {
     );
     cleaned.expect("remove the work dir");
 }
+
+/// The path a person without root takes, exercised from root too: as user nobody the
+/// kernel arms are skipped with the reason, and the lab still succeeds.
+#[test]
+fn without_root_the_kernel_arms_are_skipped_with_the_reason() {
+    if !is_root() {
+        eprintln!("lab_kernel: not root; the other test covers this path as this user");
+        return;
+    }
+    let work = PathBuf::from(format!(
+        "/var/tmp/wbstack-lab-kernel-nobody-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&work).expect("make the work dir");
+    // Nobody must be able to make its images there.
+    let chmod = Command::new("chmod")
+        .arg("0777")
+        .arg(&work)
+        .status()
+        .expect("chmod");
+    assert!(chmod.success());
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_wbstack"))
+        .args(["lab", "plug", "--quick", "--kernel", "ext4", "--json"])
+        .env("WBSTACK_LAB_DIR", &work)
+        .output()
+        .expect("run wbstack lab as nobody with setpriv (util-linux)");
+    let cleaned = std::fs::remove_dir_all(&work);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "wbstack lab as nobody failed:\n{stdout}\n{stderr}"
+    );
+    let run = kernel_run(&stdout);
+    let skipped = run["skipped"].to_string();
+    eprintln!("lab_kernel: as nobody the lab said: {skipped}");
+    assert!(skipped.contains("ext4: not root (euid 65534)"), "{skipped}");
+    cleaned.expect("remove the work dir");
+}
