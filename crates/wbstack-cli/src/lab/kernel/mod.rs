@@ -521,7 +521,10 @@ pub fn print(r: &KernelRun) {
             }
         }
         if !lines.is_empty() {
-            println!("ratios: {}", lines.join("; "));
+            println!("ratios (wbstack / kernel):");
+            for l in &lines {
+                println!("  {l}");
+            }
         }
     }
     // Where each target ran, once (the arms of a target share it up to their switch).
