@@ -163,7 +163,10 @@ fn bad_input_is_a_clear_error() {
             "unknown iostats mode",
         ),
         (&["lab", "nosuch"], "unknown experiment"),
-        (&["lab", "plug", "--kernel", "ext3"], "not ext4, xfs or both"),
+        (
+            &["lab", "plug", "--kernel", "ext3"],
+            "not ext4, xfs or both",
+        ),
         (&["lab", "nosuch", "--kernel", "ext4"], "unknown experiment"),
         (&["lab", "plug", "--quick", "--full"], "cannot be used with"),
         (&["lab", "--replay", "/nonexistent/run.json"], "--replay"),

@@ -246,10 +246,20 @@ fn exact_diskstats_for_a_known_workload() {
         }
         q.flush_sync().unwrap();
         q.discard_sync(20_000, 64).unwrap();
+        // A PREFLUSH|FUA write (a journal commit) counts as a write and a flush, as the
+        // kernel's blk-flush sequence does; FUA alone adds no flush.
+        q.write_sync(
+            30_000,
+            IoBuf::zeroed(4096),
+            BioFlags::PREFLUSH | BioFlags::FUA,
+        )
+        .unwrap();
+        q.write_sync(31_000, IoBuf::zeroed(4096), BioFlags::FUA)
+            .unwrap();
         let d = q.diskstats();
-        assert_eq!(d.ios, [5, 4, 1, 1], "{mode}");
+        assert_eq!(d.ios, [5, 6, 1, 2], "{mode}");
         assert_eq!(d.merges, [0, 7, 0, 0], "{mode}");
-        assert_eq!(d.sectors, [40, 88, 64, 0], "{mode}");
+        assert_eq!(d.sectors, [40, 104, 64, 0], "{mode}");
         assert_eq!(d.in_flight, [0, 0]);
         let line = d.line(254, 0, "wbs0");
         assert!(line.starts_with(" 254       0 wbs0 5 0 40 "), "{line}");

@@ -146,8 +146,14 @@ impl RqComplete for QueueCore {
             let now = self.clock.coarse_ns();
             coarse = Some(now);
             self.round_stats(mode, now);
-            self.stats
-                .done(mode, rq.op, rq.nr_sectors, now.saturating_sub(rq.start_ns));
+            let nsecs = now.saturating_sub(rq.start_ns);
+            self.stats.done(mode, rq.op, rq.nr_sectors, nsecs);
+            // The kernel splits a PREFLUSH write into a flush request and the write
+            // (blk-flush), and diskstats counts that flush (fields 15-16): so do we, or
+            // an fsync's flush would vanish from iostat and the lab's flush counts.
+            if rq.op == Op::Write && rq.flags.contains(BioFlags::PREFLUSH) {
+                self.stats.done(mode, Op::Flush, 0, nsecs);
+            }
         }
         let wbt_flags = rq.wbt_flags;
         let wbt_sample = wbt_flags & wbt::flags::STAT != 0 && self.wbt.is_armed();

@@ -1,0 +1,219 @@
+//! wbstack through FUSE: `wbstack mkfs` an image on this machine's disk and `wbstack
+//! mount` it in the background (this very binary), so the kernel arms' programs run on
+//! it unchanged; `wbstack umount` when dropped, checking that the daemon exits.
+
+use super::loopdev::{is_mountpoint, s};
+use super::programs::{self, command_line};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub struct WbsMount {
+    exe: PathBuf,
+    pub image: PathBuf,
+    pub mnt: PathBuf,
+    pub pid: Option<u32>,
+    pub commands: Vec<String>,
+    mounted: bool,
+}
+
+/// How long the daemon may take to exit after `wbstack umount` returned (it waits for
+/// the daemon itself; this only catches a daemon that outlives it).
+const EXIT_WAIT: Duration = Duration::from_secs(30);
+/// The knobs `sync` sets to write everything back at once (the order matters: the
+/// last write wakes the flusher with the others already in place).
+const SYNC_KNOBS: [(&str, &str); 3] = [
+    ("dirty_background_bytes", "1"),
+    ("dirty_expire_centisecs", "0"),
+    ("dirty_writeback_centisecs", "1"),
+];
+/// How long the mount's writeback may take in `sync` (a --full dd of 3 GiB at a slow
+/// disk's pace fits).
+const SYNC_WAIT: Duration = Duration::from_secs(900);
+
+impl WbsMount {
+    pub fn make(work: &Path, opts: &str) -> Result<WbsMount, String> {
+        programs::ensure("fusermount3", "fuse3")?;
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;
+        let exe_s = s(&exe);
+        std::fs::create_dir_all(work).map_err(|e| format!("{}: {e}", work.display()))?;
+        let image = work.join("wbs-mount.img");
+        let mnt = work.join("wbs.mnt");
+        if is_mountpoint(&mnt) {
+            programs::run(&exe_s, &["umount".into(), s(&mnt)], work)
+                .map_err(|e| format!("{} is mounted from an earlier run: {e}", mnt.display()))?;
+        }
+        std::fs::create_dir_all(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
+        if image.exists() {
+            std::fs::remove_file(&image).map_err(|e| format!("{}: {e}", image.display()))?;
+        }
+        let mut m = WbsMount {
+            exe,
+            image: image.clone(),
+            mnt: mnt.clone(),
+            pid: None,
+            commands: Vec::new(),
+            mounted: false,
+        };
+        let mkfs = vec![
+            "mkfs".into(),
+            s(&image),
+            "--size".into(),
+            super::loopdev::IMAGE_SIZE.into(),
+        ];
+        programs::run(&exe_s, &mkfs, work)?;
+        m.commands.push(command_line("wbstack", &mkfs));
+        let mut mount = vec!["mount".into(), s(&image), s(&mnt)];
+        if !opts.is_empty() {
+            mount.push("-o".into());
+            mount.push(opts.into());
+        }
+        programs::run(&exe_s, &mount, work)?;
+        m.commands.push(command_line("wbstack", &mount));
+        m.mounted = true;
+        // `wbstack mount` returns once the daemon answers, so the pid file is there.
+        let pid_file = mnt.join(".wbstack/pid");
+        let pid = std::fs::read_to_string(&pid_file)
+            .map_err(|e| format!("{}: {e}", pid_file.display()))?;
+        m.pid = Some(
+            pid.trim()
+                .parse()
+                .map_err(|e| format!("{}: '{}': {e}", pid_file.display(), pid.trim()))?,
+        );
+        Ok(m)
+    }
+
+    pub fn stat_path(&self) -> PathBuf {
+        self.mnt.join(".wbstack/diskstats")
+    }
+
+    pub fn setup(&self) -> String {
+        format!(
+            "wbstack FUSE mount of {} ({} sparse, wbstack mkfs defaults) on {}, daemon pid {}; device figures from .wbstack/diskstats (flushes: empty flushes only, PREFLUSH writes count as writes)",
+            self.image.display(),
+            super::loopdev::IMAGE_SIZE,
+            self.mnt.display(),
+            self.pid.map_or("?".into(), |p| p.to_string())
+        )
+    }
+
+    /// A run-time knob of the mount (`wbstack ctl DIR knob=value`).
+    pub fn ctl(&self, knob: &str, value: &str) -> Result<String, String> {
+        let arg = format!("{knob}={value}");
+        crate::mount::ctl::ctl(&self.mnt, Some(&arg))?;
+        Ok(command_line("wbstack", &["ctl".into(), s(&self.mnt), arg]))
+    }
+
+    /// What `sync` means on the mount: syncfs does not reach the daemon (its FUSE
+    /// server has no FUSE_SYNCFS), so after it the daemon's own flusher is made to write
+    /// everything back now (background threshold 1 byte, every dirty inode expired, the
+    /// flusher woken), the wait is for no dirty and no writeback pages, and an fsync of
+    /// the root directory commits the journal. The knobs are put back after.
+    pub fn sync(&self) -> Result<(), String> {
+        super::syncfs(&self.mnt)?;
+        let mut old = Vec::new();
+        for (knob, _) in SYNC_KNOBS {
+            old.push(crate::mount::ctl::ctl(&self.mnt, Some(knob))?);
+        }
+        let set: Result<(), String> = SYNC_KNOBS
+            .iter()
+            .try_for_each(|(knob, v)| self.ctl(knob, v).map(drop));
+        let waited = set.and_then(|()| self.wait_clean());
+        // Put the knobs back whatever the wait said: later arms must see the defaults.
+        let restored: Result<(), String> = SYNC_KNOBS
+            .iter()
+            .zip(&old)
+            .try_for_each(|((knob, _), v)| self.ctl(knob, v.trim()).map(drop));
+        waited?;
+        restored?;
+        let root =
+            std::fs::File::open(&self.mnt).map_err(|e| format!("{}: {e}", self.mnt.display()))?;
+        root.sync_all()
+            .map_err(|e| format!("fsync {}: {e}", self.mnt.display()))
+    }
+
+    /// Wait, boundedly, for the daemon's page cache to hold no dirty and no writeback
+    /// pages (its .wbstack/stat).
+    fn wait_clean(&self) -> Result<(), String> {
+        let stat = self.mnt.join(".wbstack/stat");
+        let deadline = Instant::now() + SYNC_WAIT;
+        loop {
+            let text =
+                std::fs::read_to_string(&stat).map_err(|e| format!("{}: {e}", stat.display()))?;
+            let m = crate::mount::iostat::parse_stat(&text);
+            let (dirty, wb) = (m.get("nr_dirty"), m.get("nr_writeback"));
+            if dirty.is_none() || wb.is_none() {
+                return Err(format!("{}: no nr_dirty or nr_writeback", stat.display()));
+            }
+            if dirty == Some(&0) && wb == Some(&0) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the mount still had {} dirty and {} writeback pages after {} s",
+                    dirty.unwrap_or(&0),
+                    wb.unwrap_or(&0),
+                    SYNC_WAIT.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn teardown(&mut self) -> Result<(), String> {
+        if self.mounted {
+            programs::run(
+                &s(&self.exe),
+                &["umount".into(), s(&self.mnt)],
+                Path::new("/"),
+            )?;
+            self.mounted = false;
+            if let Some(pid) = self.pid {
+                let deadline = Instant::now() + EXIT_WAIT;
+                while alive(pid) {
+                    if Instant::now() > deadline {
+                        return Err(format!(
+                            "the mount daemon (pid {pid}) is still running {}s after wbstack umount",
+                            EXIT_WAIT.as_secs()
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        std::fs::remove_file(&self.image)
+            .map_err(|e| format!("rm {}: {e}", self.image.display()))?;
+        std::fs::remove_dir(&self.mnt).map_err(|e| format!("rmdir {}: {e}", self.mnt.display()))
+    }
+
+    /// Unmount now and report whether the daemon exited cleanly.
+    pub fn finish(mut self) -> Result<(), String> {
+        let r = self.teardown();
+        // Teardown is done (or failed for good): Drop must not try again.
+        self.mounted = false;
+        self.image = PathBuf::new();
+        r
+    }
+}
+
+/// A process that exists and is not a zombie (the daemon is `wbstack mount`'s child,
+/// reparented to init once that returned, so it is reaped there).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        st.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
+
+impl Drop for WbsMount {
+    fn drop(&mut self) {
+        if self.image.as_os_str().is_empty() {
+            return;
+        }
+        if let Err(e) = self.teardown() {
+            eprintln!(
+                "lab --kernel: teardown of the wbstack mount {}: {e}",
+                self.mnt.display()
+            );
+        }
+    }
+}
