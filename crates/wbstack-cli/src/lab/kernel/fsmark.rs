@@ -175,7 +175,7 @@ fn file_arm(c: &Ctx, variant: &str, opts: &FsmarkOpts) -> Result<TargetArm, Stri
         format!("wbstack-file {variant}"),
         "wbstack-file",
         "fsmark (wbstack, in-process)",
-        format!("wbstack in this process on {spec}, default mount options; device figures from the volume's disk stats (flushes: empty flushes only, PREFLUSH writes count as writes)"),
+        format!("wbstack in this process on {spec}, default mount options; device figures from the volume's disk stats (flushes: empty flushes and the flush of each PREFLUSH write, as the kernel counts them)"),
     );
     a.commands.push(ours_command(["--device", &spec], opts));
     let r = {

@@ -88,7 +88,7 @@ impl WbsMount {
 
     pub fn setup(&self) -> String {
         format!(
-            "wbstack FUSE mount of {} ({} sparse, wbstack mkfs defaults) on {}, daemon pid {}; device figures from .wbstack/diskstats (flushes: empty flushes only, PREFLUSH writes count as writes)",
+            "wbstack FUSE mount of {} ({} sparse, wbstack mkfs defaults) on {}, daemon pid {}; device figures from .wbstack/diskstats (flushes: empty flushes and the flush of each PREFLUSH write, as the kernel counts them)",
             self.image.display(),
             super::loopdev::IMAGE_SIZE,
             self.mnt.display(),
