@@ -14,7 +14,6 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
 use wbstack::block::DiskStats;
 
 /// A filesystem to run a workload on.
@@ -497,46 +496,6 @@ impl FlushWait for ThreadFlush {
 }
 
 // ---------------------------------------------------------------------------------------
-
-/// Progress lines on stderr every `every` while a run goes on; stops when dropped.
-pub struct Progress {
-    stop: Option<mpsc::Sender<()>>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Progress {
-    pub fn start(
-        enabled: bool,
-        every: Duration,
-        line: impl Fn() -> String + Send + 'static,
-    ) -> Progress {
-        if !enabled {
-            return Progress {
-                stop: None,
-                handle: None,
-            };
-        }
-        let (tx, rx) = mpsc::channel::<()>();
-        let handle = std::thread::spawn(move || {
-            while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
-                eprintln!("{}", line());
-            }
-        });
-        Progress {
-            stop: Some(tx),
-            handle: Some(handle),
-        }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
 
 /// The device figures of a workload, from a diskstats delta over `secs`.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]

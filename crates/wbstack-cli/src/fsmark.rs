@@ -10,7 +10,8 @@
 //! Files/sec of a loop is the sum over threads of files / the thread's loop time; App
 //! Overhead sums each thread's loop time not spent in create/write/fsync/close.
 
-use crate::benchfs::{add_stats, err, BenchFile, BenchFs, DeviceWrites, FlushWait, Progress};
+use crate::benchfs::{add_stats, err, BenchFile, BenchFs, DeviceWrites, FlushWait};
+use crate::progress::Progress;
 use crate::util::process_cpu;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;

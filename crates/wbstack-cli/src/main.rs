@@ -627,7 +627,7 @@ fn run_fsmark(a: FsmarkArgs) -> Result<(), String> {
         }
         let r = fsmark::run_with(&o, fs, &mut |l| {
             if !json {
-                println!("{}", fsmark::loop_line(l));
+                wbstack_cli::progress::println(&fsmark::loop_line(l));
             }
         })?;
         if json {

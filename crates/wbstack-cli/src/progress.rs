@@ -112,6 +112,87 @@ impl Drop for Step {
     }
 }
 
+/// The spinner on the terminal now, if any: lines printed while it runs go above it.
+static ACTIVE: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// println! that keeps a running spinner on its own line (stdout and stderr share the
+/// terminal; without this a table row would be glued to the spinner's text).
+pub fn println(line: &str) {
+    match ACTIVE.lock().as_ref() {
+        Some(b) => b.suspend(|| println!("{line}")),
+        None => println!("{line}"),
+    }
+}
+
+/// A tool's running status, `line()` as it changes: a spinner with the line on a
+/// terminal, the line every `every` in a log; stops when dropped.
+pub struct Progress {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    pub fn start(
+        enabled: bool,
+        every: Duration,
+        line: impl Fn() -> String + Send + 'static,
+    ) -> Progress {
+        if !enabled {
+            return Progress {
+                stop: None,
+                handle: None,
+            };
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let bar = (Sink::detect() == Sink::Terminal).then(|| {
+            let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            // A constant template: a failure here is a programming error.
+            b.set_style(
+                ProgressStyle::with_template("[{elapsed_precise}] {spinner} {msg}")
+                    .expect("progress template"),
+            );
+            *ACTIVE.lock() = Some(b.clone());
+            b
+        });
+        let tick = if bar.is_some() {
+            Duration::from_millis(200)
+        } else {
+            every
+        };
+        let handle = std::thread::spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(tick) {
+                match &bar {
+                    Some(b) => {
+                        b.set_message(line());
+                        b.tick();
+                    }
+                    None => eprintln!("{}", line()),
+                }
+            }
+            if let Some(b) = bar {
+                *ACTIVE.lock() = None;
+                b.finish_and_clear();
+            }
+        });
+        Progress {
+            stop: Some(tx),
+            handle: Some(handle),
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(h) = self.handle.take() {
+            // A panicked progress thread loses a status line, not the run.
+            if h.join().is_err() {
+                eprintln!("progress: the status thread panicked");
+            }
+        }
+    }
+}
+
 /// "1 min 20 s", "45 s": a duration for a plan printed up front.
 pub fn human_secs(s: f64) -> String {
     let s = s.round() as u64;

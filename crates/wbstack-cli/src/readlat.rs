@@ -16,8 +16,9 @@
 //! reads are fast). Here completion is a flag set under the lock and the issuer waits
 //! for the flag.
 
-use crate::benchfs::{err, BenchFs, DeviceWrites, Progress};
+use crate::benchfs::{err, BenchFs, DeviceWrites};
 use crate::hog::Hogs;
+use crate::progress::Progress;
 use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
 use rand::{RngCore, SeedableRng};

@@ -3,7 +3,8 @@
 //! then the filesystem is synced. Reports each one's time, the total including the sync,
 //! and the filesystem's extra statistics (wbstack: writeback fairness).
 
-use crate::benchfs::{err, BenchFs, DeviceWrites, Progress};
+use crate::benchfs::{err, BenchFs, DeviceWrites};
+use crate::progress::Progress;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 use serde::Serialize;
