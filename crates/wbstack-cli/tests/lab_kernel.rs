@@ -37,8 +37,12 @@ fn arm<'a>(run: &'a serde_json::Value, target: &str) -> &'a serde_json::Value {
 #[test]
 fn lab_plug_runs_beside_ext4_and_through_the_mount() {
     let work = work_dir();
+    let report = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_wbstack"))
-        .args(["lab", "plug", "--quick", "--kernel", "ext4", "--json"])
+        .args([
+            "lab", "plug", "--quick", "--kernel", "ext4", "--json", "--report",
+        ])
+        .arg(report.path())
         .env("WBSTACK_LAB_DIR", &work)
         .output()
         .expect("run wbstack lab");
@@ -92,6 +96,20 @@ fn lab_plug_runs_beside_ext4_and_through_the_mount() {
         .as_str()
         .unwrap()
         .contains("/dev/loop"));
+    // The report shows the kernel table and a plot of every target's files/s.
+    let html = std::fs::read_to_string(report.path().join("index.html")).unwrap();
+    assert!(html.contains("Beside the kernel") && html.contains("<figure id=\"plug-kernel\">"));
+    let plot: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(report.path().join("plug-kernel.json")).unwrap(),
+    )
+    .unwrap();
+    let names: Vec<&str> = plot["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["ext4", "wbstack-file", "wbstack-mount"], "{plot}");
     // Torn down: no image, no mount point, no loop device on our image.
     let left: Vec<_> = std::fs::read_dir(&work)
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())

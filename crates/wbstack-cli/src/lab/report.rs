@@ -184,6 +184,9 @@ pub fn write(dir: &Path, run: &Run, before: Option<&Run>) -> Result<(), String> 
             before.and_then(|b| b.sections.iter().find(|x| x.experiment == s.experiment))
         {
             html.push_str(&diff_table(&b.data, &s.data));
+            if let (Some(kb), Some(ka)) = (&b.kernel, &s.kernel) {
+                html.push_str(&diff_table(&kernel_figures(kb), &kernel_figures(ka)));
+            }
         }
         html.push_str("</section>\n");
     }
@@ -232,6 +235,23 @@ pub fn diff_rows(
         }
     }
     rows
+}
+
+/// A kernel run's arms in the shape `diff_rows` reads: `{"arms": [{name, figures...}]}`.
+fn kernel_figures(k: &KernelRun) -> serde_json::Value {
+    let arms: Vec<serde_json::Value> = k
+        .arms
+        .iter()
+        .map(|a| {
+            let mut o = serde_json::Map::new();
+            o.insert("name".into(), a.name.clone().into());
+            for (f, v) in &a.figures {
+                o.insert(f.clone(), (*v).into());
+            }
+            serde_json::Value::Object(o)
+        })
+        .collect();
+    serde_json::json!({ "arms": arms })
 }
 
 fn diff_table(before: &serde_json::Value, after: &serde_json::Value) -> String {
@@ -311,6 +331,28 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(d.path().join("run.json")).unwrap())
                 .unwrap();
         assert_eq!(r.info.experiments, vec!["plug".to_string()]);
+    }
+
+    #[test]
+    fn a_replay_diffs_the_kernel_arms_too() {
+        let kr = |v: f64| KernelRun {
+            experiment: "plug".into(),
+            arms: vec![crate::lab::kernel::TargetArm {
+                name: "ext4 -S0".into(),
+                target: "ext4".into(),
+                program: "fs_mark".into(),
+                commands: vec![],
+                setup: String::new(),
+                figures: [("files_per_sec".to_string(), v)].into_iter().collect(),
+                series: Default::default(),
+            }],
+            skipped: vec![],
+        };
+        let rows = diff_rows(&kernel_figures(&kr(100.0)), &kernel_figures(&kr(80.0)));
+        assert_eq!(
+            rows,
+            vec![("ext4 -S0".into(), "files_per_sec".into(), 100.0, 80.0)]
+        );
     }
 
     #[test]

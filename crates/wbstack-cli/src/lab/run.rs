@@ -167,6 +167,7 @@ pub fn run(req: LabRequest) -> Result<(), String> {
                 kernel::print(&k);
             }
             s.kernel_table = kernel::table(&k);
+            s.plots.extend(kernel::headline_plot(&k));
             s.kernel = Some(k);
         }
         s.elapsed_s = t0.elapsed().as_secs_f64();

@@ -452,6 +452,65 @@ fn columns(experiment: &str) -> (&'static [(&'static str, &'static str)], &'stat
     }
 }
 
+/// The report's plot of a kernel run: the experiment's headline figure for every arm,
+/// kernel and wbstack side by side (None when no arm has it).
+pub fn headline_plot(r: &KernelRun) -> Option<crate::lab::plots::Plot> {
+    use crate::lab::plots::{Plot, PlotKind};
+    let (cols, headline) = columns(&r.experiment);
+    let label = cols.iter().find(|c| c.0 == headline)?.1;
+    let arms: Vec<&TargetArm> = r
+        .arms
+        .iter()
+        .filter(|a| a.get(headline).is_some())
+        .collect();
+    if arms.is_empty() {
+        return None;
+    }
+    // Grouped by variant (-S0, -S1 t8, ...), one bar per target within it.
+    let mut variants: Vec<&str> = Vec::new();
+    let mut targets: Vec<&str> = Vec::new();
+    for a in &arms {
+        if !variants.contains(&variant(a)) {
+            variants.push(variant(a));
+        }
+        if !targets.contains(&a.target.as_str()) {
+            targets.push(&a.target);
+        }
+    }
+    let mut p = Plot::new(
+        &format!("{}-kernel", r.experiment),
+        &format!("{}: {label} beside the kernel, on this disk", r.experiment),
+        PlotKind::Bars,
+        "variant",
+        label,
+    )
+    .categories(
+        variants
+            .iter()
+            .map(|v| {
+                if v.is_empty() {
+                    r.experiment.clone()
+                } else {
+                    v.to_string()
+                }
+            })
+            .collect(),
+    );
+    for t in targets {
+        p = p.series(
+            t,
+            arms.iter()
+                .filter(|a| a.target == t)
+                .filter_map(|a| {
+                    let i = variants.iter().position(|v| *v == variant(a))?;
+                    a.get(headline).map(|v| (i as f64, v))
+                })
+                .collect(),
+        );
+    }
+    Some(p)
+}
+
 fn cell(v: Option<f64>) -> String {
     match v {
         None => "-".into(),
