@@ -194,14 +194,14 @@ pub fn render_svg(p: &Plot) -> Result<String, String> {
     Ok(svg)
 }
 
+/// A chart over a numeric x, with a linear or log y.
+type Chart<'a, Y> =
+    ChartContext<'a, SVGBackend<'a>, Cartesian2d<plotters::coord::types::RangedCoordf64, Y>>;
+
 /// Axes, lines or dots, legend: one chart, whatever its y scale.
 fn draw_chart<'a, Y>(
     root: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
-    c: &mut ChartContext<
-        'a,
-        SVGBackend<'a>,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, Y>,
-    >,
+    c: &mut Chart<'a, Y>,
     p: &Plot,
 ) -> Result<(), String>
 where
@@ -231,14 +231,7 @@ where
     legend(root, c, p)
 }
 
-fn draw_series<'a, Y>(
-    c: &mut ChartContext<
-        'a,
-        SVGBackend<'a>,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, Y>,
-    >,
-    p: &Plot,
-) -> Result<(), String>
+fn draw_series<'a, Y>(c: &mut Chart<'a, Y>, p: &Plot) -> Result<(), String>
 where
     Y: Ranged<ValueType = f64>,
 {
