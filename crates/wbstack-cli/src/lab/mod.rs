@@ -83,7 +83,13 @@ impl ArmRun {
     ) -> ArmRun {
         let meter = Arc::new(Meter::default());
         let step = Arc::new(Step::start(o.sink, label, len, unit));
-        let sampler = timeline::start_arm(vol, meter.clone(), step, progress);
+        let sampler = timeline::start_arm(
+            timeline::period(o.quick && !o.full),
+            vol,
+            meter.clone(),
+            step,
+            progress,
+        );
         ArmRun { meter, sampler }
     }
 

@@ -11,8 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wbstack::fs::Volume;
 
-/// The sampling period of the lab's timelines.
-pub const PERIOD: Duration = Duration::from_millis(100);
+/// The sampling period of the lab's timelines: quick arms last a second or two, so
+/// they are sampled finer to give their plots enough points; longer runs are thinned
+/// when drawn (`plots::MAX_POINTS`).
+pub fn period(quick: bool) -> Duration {
+    Duration::from_millis(if quick { 25 } else { 100 })
+}
 
 /// Samples of named columns at times `t_s` (seconds since the sampler started).
 /// Cumulative counters (`files`, `dev_write_ios`) are stored as read; rates come from
@@ -159,13 +163,14 @@ pub fn meter_row(m: &Meter, row: &mut Vec<(&'static str, f64)>) {
 /// The usual arm's sampler: the volume (if any) and the meter, feeding a progress step
 /// with `progress(meter)` units.
 pub fn start_arm(
+    period: Duration,
     vol: Option<Arc<crate::volfs::VolumeFs>>,
     meter: Arc<Meter>,
     step: Arc<Step>,
     progress: fn(&Meter) -> u64,
 ) -> Sampler {
     Sampler::start(
-        PERIOD,
+        period,
         Box::new(move |row| {
             if let Some(v) = &vol {
                 volume_row(v.volume(), row);
