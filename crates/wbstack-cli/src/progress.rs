@@ -99,9 +99,6 @@ impl Step {
             }
         }
     }
-
-    /// Clears the bar (dropping the step does the same).
-    pub fn finish(self) {}
 }
 
 impl Drop for Step {
@@ -212,7 +209,7 @@ mod tests {
         let s = Step::start(Sink::Quiet, "x", Some(10), "files");
         s.set(5);
         assert!(s.bar.is_none() && s.log.is_none());
-        s.finish();
+        drop(s);
     }
 
     #[test]

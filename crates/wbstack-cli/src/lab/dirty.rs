@@ -49,7 +49,7 @@ pub fn dirty(o: &LabOpts) -> Result<Experiment<DirtyArm>, String> {
         let fs = volfs::open_vol(DIRTY_DEVICE, &mount)?;
         commands.push(format!(
             "wbstack lab dirty{}   # the {writers}-writer arm: {writers} dd of {} MiB each on {DIRTY_DEVICE} -o {mount}",
-            if o.full { " --full" } else if o.quick { " --quick" } else { "" },
+            crate::lab::scale_flag(o.quick, o.full),
             (bytes / writers as u64) >> 20
         ));
         let run = ArmRun::start(

@@ -50,7 +50,6 @@ pub const FSYNC_ASYNC_DEPTH: usize = 1024;
 /// Seed 004: fs_mark of 4 KiB files with 8 threads at -S0, -S1 and -A, and 1 thread at
 /// -S1, each on a fresh volume.
 pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
-    use wbstack::dev::sim::SimDevice;
     // The page cache holds a quarter of what the 8-thread arms write, so the last loop
     // runs in the seed's sustained-writeback phase (dirty pages at the thresholds,
     // writeback setting the pace) rather than filling an empty cache.
@@ -86,14 +85,7 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
             ..mount.clone()
         };
         let vfs = Arc::new(volfs::VolumeFs::format(FSYNC_DEVICE, mopts)?);
-        let q = vfs.volume().queue().clone();
-        let sim = || {
-            q.device()
-                .as_any()
-                .downcast_ref::<SimDevice>()
-                .map(|s| s.stats())
-                .unwrap_or_default()
-        };
+        let sim = || volfs::sim_stats(&vfs).unwrap_or_default();
         let before = sim();
         // The 1-thread arm writes as many files per thread as the others in total would
         // take too long at fsync speed: a quarter of one thread's share is enough to

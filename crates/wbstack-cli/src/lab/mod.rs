@@ -98,6 +98,17 @@ impl ArmRun {
     }
 }
 
+/// The flag that picks a run's sizes again: " --full", " --quick" or nothing.
+pub fn scale_flag(quick: bool, full: bool) -> &'static str {
+    if full {
+        " --full"
+    } else if quick {
+        " --quick"
+    } else {
+        ""
+    }
+}
+
 /// Relative change, as the seeds print it: +36.7%.
 pub fn pct(new: f64, old: f64) -> String {
     if old == 0.0 {

@@ -175,7 +175,12 @@ pub fn write(dir: &Path, run: &Run, before: Option<&Run>) -> Result<(), String> 
             }
         }
         html.push_str("<h3>Re-run</h3>\n<pre>");
-        outln!(html, "wbstack lab {}{}", esc(&s.experiment), scale_flag(i));
+        outln!(
+            html,
+            "wbstack lab {}{}",
+            esc(&s.experiment),
+            crate::lab::scale_flag(i.quick, i.full)
+        );
         for c in &s.commands {
             outln!(html, "{}", esc(c));
         }
@@ -200,16 +205,6 @@ pub fn write(dir: &Path, run: &Run, before: Option<&Run>) -> Result<(), String> 
     )
     .map_err(io(&rj))?;
     Ok(())
-}
-
-fn scale_flag(i: &RunInfo) -> &'static str {
-    if i.full {
-        " --full"
-    } else if i.quick {
-        " --quick"
-    } else {
-        ""
-    }
 }
 
 /// Every numeric figure of every arm, first run beside the replay, matched by the arm's

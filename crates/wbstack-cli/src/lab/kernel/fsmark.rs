@@ -300,19 +300,7 @@ impl Exp for Plug {
         _skipped: &mut Vec<String>,
     ) -> Result<(), String> {
         let (n, loops) = plug_sizes(c.o);
-        let opts = FsmarkOpts {
-            dirs: vec!["0".into(), "1".into()],
-            subdirs: 100,
-            files: n,
-            size: 4096,
-            loops,
-            sync: SyncMethod::None,
-            final_sync: true,
-            // Debian's fs_mark keeps every loop's files (-L implies -k).
-            keep: true,
-            ..Default::default()
-        };
-        out.push(file_arm(c, "-S0", &opts)?);
+        out.push(file_arm(c, "-S0", &s0_opts(n, loops))?);
         Ok(())
     }
 }
@@ -331,6 +319,23 @@ fn fsync_sizes(o: &LabOpts) -> ((u64, u32), u64) {
 
 /// The -A arm's threads keep this many flushes in flight each (the lab's fsync seed).
 const ASYNC_DEPTH: usize = crate::lab::fsync::FSYNC_ASYNC_DEPTH;
+
+/// Our fsmark as `fs_mark -d 0 -d 1 -D 100 -S0 -n N -s 4096 -L LOOPS` (plug's arm and
+/// fsync's -S0 arm).
+fn s0_opts(n: u64, loops: u32) -> FsmarkOpts {
+    FsmarkOpts {
+        dirs: vec!["0".into(), "1".into()],
+        subdirs: 100,
+        files: n,
+        size: 4096,
+        loops,
+        sync: SyncMethod::None,
+        final_sync: true,
+        // Debian's fs_mark keeps every loop's files (-L implies -k).
+        keep: true,
+        ..Default::default()
+    }
+}
 
 fn async_opts(per_thread: u64) -> FsmarkOpts {
     FsmarkOpts {
@@ -416,18 +421,7 @@ impl Exp for Fsync {
         _skipped: &mut Vec<String>,
     ) -> Result<(), String> {
         let ((n, loops), per_thread) = fsync_sizes(c.o);
-        let s0 = FsmarkOpts {
-            dirs: vec!["0".into(), "1".into()],
-            subdirs: 100,
-            files: n,
-            size: 4096,
-            loops,
-            sync: SyncMethod::None,
-            final_sync: true,
-            // Debian's fs_mark keeps every loop's files (-L implies -k).
-            keep: true,
-            ..Default::default()
-        };
+        let s0 = s0_opts(n, loops);
         let s1 = FsmarkOpts {
             threads: 8,
             files: per_thread,
