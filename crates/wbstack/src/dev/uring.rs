@@ -298,6 +298,12 @@ impl Shared {
                 // done with it.
                 if unsafe { sq.push_multiple(entries) }.is_ok() {
                     self.sqes.fetch_add(entries.len() as u64, Ordering::Relaxed);
+                    // The flag is raised only below, once `sq` is dropped: dropping it
+                    // publishes the SQ tail. Raised before that, a commit on another
+                    // thread could take the flag, enter with the old tail and submit
+                    // nothing, and this push's own commit would then find the flag down:
+                    // the SQE sat in the ring for good (a mount hung this way in CI).
+                    drop(sq);
                     self.unsubmitted.store(true, Ordering::Release);
                     return;
                 }
@@ -313,7 +319,9 @@ impl Shared {
     /// Hand every queued SQE to the kernel with one `io_uring_enter`; false if the kernel
     /// kept refusing.
     fn submit(&self) -> bool {
-        self.unsubmitted.store(false, Ordering::Release);
+        // Acquire pairs with `push`'s release: the tail of every push whose flag this
+        // takes is visible to the `io_uring_enter` below.
+        self.unsubmitted.swap(false, Ordering::AcqRel);
         if self.submit_ring(&self.ring) {
             return true;
         }
