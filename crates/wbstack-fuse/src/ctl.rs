@@ -100,6 +100,7 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
     let (limit, bg) = bdi.thresholds();
     let wbt = vol.queue().wbt_state();
     let j = vol.journal_stats();
+    let ic = vol.inode_cache_stats();
     let mut lines = vec![
         ("nr_cache_pages", cache.nr_pages()),
         ("cache_capacity_pages", cache.capacity_pages()),
@@ -125,6 +126,9 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
         ("journal_flushes", j.flushes),
         ("journal_bytes", j.bytes),
         ("journal_sync_waits", j.sync_waits),
+        ("inode_cache_cached", ic.cached),
+        ("inode_cache_live", ic.live),
+        ("inode_cache_evicted", ic.evicted),
         ("fuse_requests", counters.total()),
         ("data_start_sector", vol.superblock().data_start * 8),
     ];

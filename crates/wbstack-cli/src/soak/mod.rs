@@ -71,6 +71,8 @@ pub struct SoakReport {
     pub failures: Vec<String>,
     /// The volume's metadata invariants after the run (SPEC targets).
     pub check_problems: Vec<String>,
+    /// Inodes the inode cache evicted during the run (SPEC targets; 0 otherwise).
+    pub inodes_evicted: u64,
 }
 
 /// What a thread is doing now, for the watchdog.
@@ -240,7 +242,7 @@ pub fn run(o: &SoakOpts) -> Result<SoakReport, String> {
     let stalled = !shared.failures.lock().iter().all(|f| !f.contains("stuck"));
     if stalled {
         // A stuck thread may never return: report without joining it.
-        return Ok(report(o, &shared, start, max_rss, rss_bound, Vec::new()));
+        return Ok(report(o, &shared, start, max_rss, rss_bound, Vec::new(), 0));
     }
     for w in workers {
         if w.join().is_err() {
@@ -254,10 +256,14 @@ pub fn run(o: &SoakOpts) -> Result<SoakReport, String> {
     if let Err(e) = fs.sync() {
         shared.fail(format!("final sync: {e}"));
     }
+    let mut evicted = 0;
     if let Some(v) = vol {
         problems = v.volume().check();
+        evicted = v.volume().inode_cache_stats().evicted;
     }
-    Ok(report(o, &shared, start, max_rss, rss_bound, problems))
+    Ok(report(
+        o, &shared, start, max_rss, rss_bound, problems, evicted,
+    ))
 }
 
 fn report(
@@ -267,6 +273,7 @@ fn report(
     max_rss: u64,
     rss_bound: u64,
     check_problems: Vec<String>,
+    inodes_evicted: u64,
 ) -> SoakReport {
     SoakReport {
         target: o.target.clone(),
@@ -281,6 +288,7 @@ fn report(
         rss_bound_bytes: rss_bound,
         failures: s.failures.lock().clone(),
         check_problems,
+        inodes_evicted,
     }
 }
 

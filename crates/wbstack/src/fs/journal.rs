@@ -455,6 +455,7 @@ impl Volume {
             q.set_wbt_judge(j);
         }
         let cache = PageCache::new(opts.cache.clone());
+        let inode_cache = opts.inode_cache;
         let bdi = Bdi::new(q.clone(), cache.clone(), opts.wb.clone());
         let aops = Arc::new(Aops {
             vol: Mutex::new(Weak::new()),
@@ -497,7 +498,7 @@ impl Volume {
                 jhome_first_ns: None,
                 wall_offset_ns,
             }),
-            icache: Mutex::new(HashMap::new()),
+            icache: Mutex::new(super::icache::InodeCache::new(inode_cache)),
             jn: Mutex::new(JState {
                 committed: l.last_tid,
                 released: l.last_tid,
@@ -1102,7 +1103,7 @@ impl Vol {
         }
         self.bdi.shutdown();
         // Break the cycle mapping -> bdi -> mapping of inodes still on the lists.
-        let inos: Vec<u64> = self.icache.lock().drain().map(|(k, _)| k).collect();
+        let inos: Vec<u64> = self.icache.lock().drain();
         for ino in inos {
             self.bdi.forget_inode(ino);
         }

@@ -12,6 +12,7 @@
 //! words, never a panic: the same code checks images for `fsck`.
 
 use super::alloc::{AllocError, Allocator, FreeSpace};
+use super::extents::ExtentMap;
 use super::format::{FormatError, InodeKind, Reader, Record, Writer, BLOCK_SIZE};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -59,7 +60,7 @@ pub struct Inode {
     pub mtime_ns: u64,
     pub ctime_ns: u64,
     /// file block -> (device block, length), non-overlapping; adjacent runs merged.
-    pub extents: BTreeMap<u64, (u64, u64)>,
+    pub extents: ExtentMap,
     /// Directories: name -> inode.
     pub entries: BTreeMap<Vec<u8>, u64>,
     /// Symlinks: the target.
@@ -86,7 +87,7 @@ impl Inode {
             atime_ns: t,
             mtime_ns: t,
             ctime_ns: t,
-            extents: BTreeMap::new(),
+            extents: ExtentMap::new(),
             entries: BTreeMap::new(),
             target: Vec::new(),
             parent: 0,
@@ -163,7 +164,9 @@ pub enum ApplyMode {
 /// The whole durable metadata.
 #[derive(Clone, Debug)]
 pub struct Meta {
-    pub inodes: HashMap<u64, Inode>,
+    /// Boxed: the map's buckets are sized in powers of two above the count, and an
+    /// inline inode would spend its full size on every empty bucket.
+    pub inodes: HashMap<u64, Box<Inode>>,
     pub next_ino: u64,
     pub orphans: BTreeSet<u64>,
     pub alloc: Allocator,
@@ -193,7 +196,7 @@ impl Meta {
             alloc: Allocator::new(FreeSpace::new(data_start, nr_blocks)),
             image_bytes: 0,
         };
-        m.inodes.insert(ROOT_INO, root);
+        m.inodes.insert(ROOT_INO, Box::new(root));
         m.image_bytes = m.encode_image().len() as u64 - m.free_bytes();
         m
     }
@@ -211,12 +214,14 @@ impl Meta {
     pub fn get(&self, ino: u64) -> Result<&Inode, MetaError> {
         self.inodes
             .get(&ino)
+            .map(|i| &**i)
             .ok_or_else(|| MetaError(format!("inode {ino} does not exist")))
     }
 
     fn get_mut(&mut self, ino: u64) -> Result<&mut Inode, MetaError> {
         self.inodes
             .get_mut(&ino)
+            .map(|i| &mut **i)
             .ok_or_else(|| MetaError(format!("inode {ino} does not exist")))
     }
 
@@ -241,7 +246,7 @@ impl Meta {
                     return bad(format!("create of inode {ino}, past the last inode number"));
                 };
                 self.inodes
-                    .insert(*ino, Inode::new(*kind, *m, *uid, *gid, *time_ns));
+                    .insert(*ino, Box::new(Inode::new(*kind, *m, *uid, *gid, *time_ns)));
                 self.next_ino = self.next_ino.max(next);
                 self.image_bytes += INODE_FIXED_BYTES;
             }
@@ -564,7 +569,7 @@ impl Meta {
             w.u64(s).u64(l);
         }
         // v2: device numbers and extended attributes, for the inodes that have any.
-        let mut extra: Vec<(&u64, &Inode)> = self
+        let mut extra: Vec<(&u64, &Box<Inode>)> = self
             .inodes
             .iter()
             .filter(|(_, i)| i.extra_bytes() > 0)
@@ -643,7 +648,7 @@ impl Meta {
                 parents.push((c, ino));
             }
             i.target = r.bytes()?.to_vec();
-            if inodes.insert(ino, i).is_some() {
+            if inodes.insert(ino, Box::new(i)).is_some() {
                 return bad(format!("inode {ino} appears twice"));
             }
         }

@@ -3,6 +3,8 @@
 //!
 //! - `format`: on-disk structures (superblock, journal transactions, checkpoints).
 //! - `alloc`: free space as an extent map; reservations, goal cursor, deferred frees.
+//! - `extents`: an inode's extent map (inline while it holds one extent).
+//! - `icache`: the inode cache (mappings of files, evicted past a limit when at rest).
 //! - `meta`: the durable metadata and the one `apply` that both live operations and
 //!   journal replay use; fsck's invariant checks.
 //! - `volume`: the mounted filesystem, namespace operations, delayed allocation.
@@ -14,11 +16,13 @@
 
 pub mod alloc;
 pub mod error;
+pub mod extents;
 pub mod flush;
 pub mod format;
 pub mod fsck;
 #[doc(hidden)]
 pub mod fuzz;
+mod icache;
 mod jdata;
 pub mod journal;
 pub mod meta;
@@ -34,5 +38,6 @@ pub use journal::MkfsOptions;
 pub use ops::{RenameFlags, SetAttrIno, TimeSet, XattrMode};
 pub use perm::Cred;
 pub use volume::{
-    DirEntry, File, JournalStats, MountOptions, OpenOptions, SetAttr, Stat, StatFs, Volume,
+    DirEntry, File, InodeCacheStats, JournalStats, MountOptions, OpenOptions, SetAttr, Stat,
+    StatFs, Volume,
 };

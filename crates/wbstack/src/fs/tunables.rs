@@ -25,6 +25,7 @@ pub const TUNABLES: &[&str] = &[
     "flush_on_close",
     "journal_data_kb",
     "iostats",
+    "inode_cache",
 ];
 
 fn flag(b: bool) -> String {
@@ -52,6 +53,7 @@ impl Volume {
             "flush_on_close" => flag(self.vol.flush_on_close.load(Ordering::Relaxed)),
             "journal_data_kb" => self.vol.journal_data_kb.load(Ordering::Relaxed).to_string(),
             "iostats" => q.iostats().to_string(),
+            "inode_cache" => self.vol.icache.lock().limit().to_string(),
             _ => return Err(unknown(key)),
         })
     }
@@ -89,6 +91,8 @@ impl Volume {
                 .vol
                 .journal_data_kb
                 .store(o.journal_data_kb, Ordering::Relaxed),
+            // Takes effect at the next open or last close.
+            "inode_cache" => self.vol.icache.lock().set_limit(o.inode_cache),
             _ => self.bdi().set_config(o.wb),
         }
         Ok(())

@@ -62,6 +62,9 @@ pub struct MountOptions {
     /// data in its inode carries the data in the commit (one device write) instead of
     /// writing it first (ordered data). 0 turns it off.
     pub journal_data_kb: u64,
+    /// Mappings of unused files kept cached (`fs::icache`); past it, unused ones at
+    /// rest are evicted, least recently used first.
+    pub inode_cache: usize,
 }
 
 impl Default for MountOptions {
@@ -77,6 +80,7 @@ impl Default for MountOptions {
             wbt_scale_up_when_limited: None,
             wbt_judge: None,
             journal_data_kb: 0,
+            inode_cache: super::icache::DEFAULT_INODE_CACHE,
         }
     }
 }
@@ -87,7 +91,7 @@ impl MountOptions {
         dirty_ratio, dirty_background_ratio, dirty_bytes, dirty_background_bytes, \
         dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
         max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec, \
-        wbt_scale_up_when_limited, wbt_judge, journal_data_kb";
+        wbt_scale_up_when_limited, wbt_judge, journal_data_kb, inode_cache";
 
     /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
     /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
@@ -153,6 +157,9 @@ impl MountOptions {
                     Ok(kib) => kib,
                     Err(_) => size()?.div_ceil(1024),
                 }
+            }
+            "inode_cache" => {
+                self.inode_cache = usize::try_from(num()?).map_err(|e| bad(e.to_string()))?
             }
             _ => {
                 return Err(FsError::Invalid(format!(
@@ -290,6 +297,19 @@ pub struct JournalStats {
     pub data_blocks: u64,
 }
 
+/// What the inode cache holds (`Volume::inode_cache_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InodeCacheStats {
+    /// File mappings cached, in use or not.
+    pub cached: u64,
+    /// Inodes with per-inode state in memory beyond the durable metadata.
+    pub live: u64,
+    /// The `inode_cache` limit on unused ones.
+    pub limit: u64,
+    /// Mappings evicted since mount.
+    pub evicted: u64,
+}
+
 /// Per-inode state that is not on disk: reservations, writes in flight, opens, and
 /// which transaction last changed the inode (what fsync must wait for).
 #[derive(Default)]
@@ -318,6 +338,20 @@ pub(super) struct Live {
 }
 
 impl Live {
+    /// Nothing pending, nothing a later fsync must wait for: the inode cache may forget
+    /// this state (`fs::icache`), and a fresh `Live::default()` means the same.
+    fn at_rest(&self, committed: u64, barrier_done: u64) -> bool {
+        self.open == 0
+            && self.delalloc.is_empty()
+            && self.pending.is_empty()
+            && !self.trunc_pending
+            && self.deferred_maps.is_empty()
+            && !self.da_alloc_close
+            && self.sync_tid <= committed
+            && self.datasync_tid <= committed
+            && self.data_gen.is_none_or(|g| barrier_done > g)
+    }
+
     /// The block holding page `p` among writes in flight and writes done since a
     /// deferred truncation: (device block, blocks left in that run).
     fn unjournaled_block(&self, p: u64) -> Option<(u64, u64)> {
@@ -557,6 +591,7 @@ impl State {
         self.meta
             .inodes
             .get(&ino)
+            .map(|i| &**i)
             .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))
     }
 
@@ -662,7 +697,7 @@ pub(super) struct Vol {
     /// Home writes of journaled data in flight (`fs::jdata`).
     pub home: Arc<super::jdata::HomeWrites>,
     pub st: Mutex<State>,
-    pub icache: Mutex<HashMap<u64, Arc<Mapping>>>,
+    pub icache: Mutex<super::icache::InodeCache>,
     pub jn: Mutex<JState>,
     pub jcv: Condvar,
     pub jwaiter: Arc<crate::clock::Waiter>,
@@ -1073,12 +1108,48 @@ impl Vol {
             return Err(FsError::IsDir(format!("inode {ino}")));
         }
         let mut ic = self.icache.lock();
-        Ok(ic
-            .entry(ino)
-            .or_insert_with(|| {
-                Mapping::new(ino, i.size, self.bdi.clone(), self.aops.clone() as Arc<_>)
-            })
-            .clone())
+        Ok(ic.get_or_insert(ino, || {
+            Mapping::new(ino, i.size, self.bdi.clone(), self.aops.clone() as Arc<_>)
+        }))
+    }
+
+    /// Evict unused inodes at rest past the inode cache's limit (`fs::icache`), at most a
+    /// batch per call: each open adds at most one, so batches keep up.
+    pub(super) fn prune_icache(&self, st: &mut State) {
+        let mut ic = self.icache.lock();
+        if ic.len() <= ic.limit() {
+            return;
+        }
+        let (committed, barrier_done) = {
+            let j = self.jn.lock();
+            (j.committed, j.barrier_done)
+        };
+        let evicted = ic.prune(&mut |ino, m| {
+            let rest = st
+                .live
+                .get(&ino)
+                .is_none_or(|l| l.at_rest(committed, barrier_done))
+                && !st.txn_inodes.contains(&ino)
+                && !st.truncating.contains_key(&ino)
+                && !st.ordered.iter().any(|o| o.ino == ino);
+            if !rest {
+                return false;
+            }
+            // At rest, the durable size is the size: the rebuilt mapping starts there.
+            let durable = st.meta.inodes.get(&ino).map(|i| i.size);
+            let same = durable == Some(m.size());
+            debug_assert!(
+                same,
+                "inode {ino} at rest has size {} in its mapping and {durable:?} on disk",
+                m.size()
+            );
+            same
+        });
+        drop(ic);
+        for (ino, _) in evicted {
+            st.live.remove(&ino);
+            self.bdi.forget_inode(ino);
+        }
     }
 
     /// Resolve a path to (parent directory, last name) without looking the last name up.
@@ -1435,6 +1506,7 @@ impl Vol {
             }
             let m = self.mapping(&st, ino)?;
             st.live.entry(ino).or_default().open += 1;
+            self.prune_icache(&mut st);
             m
         };
         let f = File {
@@ -1468,6 +1540,9 @@ impl Vol {
             std::mem::take(&mut l.da_alloc_close) && self.flush_on_close.load(Ordering::Relaxed);
         if last && st.meta.inodes.get(&ino).is_some_and(|i| i.links == 0) && st.aborted.is_none() {
             return self.delete_inode(&mut st, ino);
+        }
+        if last {
+            self.prune_icache(&mut st);
         }
         drop(st);
         if kick {
@@ -1840,6 +1915,18 @@ impl Volume {
             free,
             available: avail,
             files: st.meta.inodes.len() as u64,
+        }
+    }
+
+    /// The inode cache's counts (`fs::icache`).
+    pub fn inode_cache_stats(&self) -> InodeCacheStats {
+        let st = self.vol.st.lock();
+        let ic = self.vol.icache.lock();
+        InodeCacheStats {
+            cached: ic.len() as u64,
+            live: st.live.len() as u64,
+            limit: ic.limit() as u64,
+            evicted: ic.evicted(),
         }
     }
 

@@ -147,9 +147,10 @@ impl PageCache {
                 lru.push_back(e);
                 continue;
             };
+            let pinned = inner.pinned.contains(&e.index);
             match inner.pages.get_mut(&e.index) {
                 None => {}
-                Some(p) if p.dirty || p.writeback || p.reading || !p.uptodate => {
+                Some(p) if p.dirty || p.writeback || p.reading || !p.uptodate || pinned => {
                     drop(inner);
                     lru.push_back(e);
                 }
@@ -201,6 +202,13 @@ impl Page {
     }
 }
 
+/// What a wait for a page's read found.
+enum Waited<'a> {
+    Present(MutexGuard<'a, Inner>),
+    /// Truncated away meanwhile: the caller looks the page up again.
+    Gone(MutexGuard<'a, Inner>),
+}
+
 /// ondemand_readahead's state (struct file_ra_state): the newest window and the page
 /// that, when a read reaches it, starts the next window in the background.
 #[derive(Default)]
@@ -235,6 +243,13 @@ struct Inner {
     ra: Readahead,
     /// Latest read error (a reader waiting on a page that failed to read gets it).
     error: Option<BlkError>,
+    /// Reads failed so far: a waiter whose page is gone with no read failed since it
+    /// looked lost the page to a truncation, and looks again.
+    read_failures: u64,
+    /// Pages threads wait to read, one entry per waiter (the folio reference a reader
+    /// holds in the kernel): reclaim leaves them, so a waiter never wakes to find the
+    /// page it waited for freed before it could copy it.
+    pinned: Vec<u64>,
     /// The legacy AS_EIO / AS_ENOSPC bit: the errno of a write error not yet reported
     /// by `write_and_wait` (filemap_check_errors consumes it; errseq does not).
     as_err: Option<i32>,
@@ -286,6 +301,8 @@ impl Mapping {
                 writeback_index: 0,
                 ra: Readahead::default(),
                 error: None,
+                read_failures: 0,
+                pinned: Vec::new(),
                 as_err: None,
             }),
             cv: Condvar::new(),
@@ -403,10 +420,17 @@ impl Mapping {
             match inner.pages.get(&index) {
                 None if partial && index * (PAGE_SIZE as u64) < inner.size => {
                     self.publish(&mut batch);
+                    let seen = inner.read_failures;
                     drop(inner);
                     self.queue_inode(&mut batch);
                     self.read_pages(index, 1)?;
-                    inner = self.wait_page_read(self.inner.lock(), index)?;
+                    match self.wait_page_read(self.inner.lock(), index, seen)? {
+                        Waited::Present(g) => inner = g,
+                        Waited::Gone(g) => {
+                            inner = g;
+                            continue;
+                        }
+                    }
                 }
                 None if !partial => {
                     // Fully overwritten: built from the data, never zeroed first.
@@ -423,11 +447,25 @@ impl Mapping {
                 }
                 Some(p) if p.reading || (partial && !p.uptodate) => {
                     self.publish(&mut batch);
-                    inner = self.wait_page_read(inner, index)?;
+                    let seen = inner.read_failures;
+                    match self.wait_page_read(inner, index, seen)? {
+                        Waited::Present(g) => inner = g,
+                        Waited::Gone(g) => {
+                            inner = g;
+                            continue;
+                        }
+                    }
                     if partial && !inner.pages[&index].uptodate {
+                        let seen = inner.read_failures;
                         drop(inner);
                         self.read_pages(index, 1)?;
-                        inner = self.wait_page_read(self.inner.lock(), index)?;
+                        match self.wait_page_read(self.inner.lock(), index, seen)? {
+                            Waited::Present(g) => inner = g,
+                            Waited::Gone(g) => {
+                                inner = g;
+                                continue;
+                            }
+                        }
                     }
                 }
                 Some(_) => {}
@@ -500,21 +538,47 @@ impl Mapping {
         }
     }
 
-    /// Wait until `index` is not being read; error if the read failed (page gone).
+    /// Wait until `index` is not being read, pinned meanwhile. Returns the lock with
+    /// the page present (`Present`), or `Gone` if a truncation took it (look again);
+    /// an error if a read failed since `failures_seen` (an `Inner::read_failures`
+    /// sampled before the caller's read started) and the page is gone.
     fn wait_page_read<'a>(
         &self,
         mut inner: MutexGuard<'a, Inner>,
         index: u64,
-    ) -> Result<MutexGuard<'a, Inner>, BlkError> {
-        loop {
+        failures_seen: u64,
+    ) -> Result<Waited<'a>, BlkError> {
+        let mut pinned = false;
+        let r = loop {
             match inner.pages.get(&index) {
                 Some(p) if p.reading => {
+                    if !pinned {
+                        inner.pinned.push(index);
+                        pinned = true;
+                    }
                     crate::block::flush_plug();
                     self.cv.wait(&mut inner);
                 }
-                Some(_) => return Ok(inner),
-                None => return Err(inner.error.clone().unwrap_or(BlkError::Io)),
+                Some(_) => break Ok(true),
+                None if inner.read_failures != failures_seen => {
+                    break Err(inner.error.clone().unwrap_or(BlkError::Io))
+                }
+                None => break Ok(false),
             }
+        };
+        if pinned {
+            let Some(at) = inner.pinned.iter().position(|&i| i == index) else {
+                debug_assert!(false, "page {index} of inode {} lost its pin", self.ino);
+                return Err(BlkError::Io);
+            };
+            inner.pinned.swap_remove(at);
+            if inner.pinned.is_empty() {
+                inner.pinned = Vec::new();
+            }
+        }
+        match r? {
+            true => Ok(Waited::Present(inner)),
+            false => Ok(Waited::Gone(inner)),
         }
     }
 
@@ -532,6 +596,7 @@ impl Mapping {
             let in_page = (pos % PAGE_SIZE as u64) as usize;
             let n = (PAGE_SIZE - in_page).min(len - done);
             let mut inner = self.inner.lock();
+            let seen = inner.read_failures;
             let present = inner
                 .pages
                 .get(&index)
@@ -569,7 +634,11 @@ impl Mapping {
                 let _ = self.read_pages(start, window);
                 inner = self.inner.lock();
             }
-            inner = self.wait_page_read(inner, index)?;
+            inner = match self.wait_page_read(inner, index, seen)? {
+                Waited::Present(g) => g,
+                // Truncated while read: look again (at the size the file has now).
+                Waited::Gone(_) => continue,
+            };
             {
                 let p = inner.pages.get_mut(&index).unwrap();
                 p.referenced = true;
@@ -696,6 +765,7 @@ impl Mapping {
         }
         if let Err(e) = status {
             inner.error = Some(e);
+            inner.read_failures += 1;
         }
         drop(inner);
         self.cv.notify_all();
