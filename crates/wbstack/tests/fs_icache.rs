@@ -104,7 +104,7 @@ fn many_files_through_a_small_cache_stay_bounded_and_intact() {
         assert_eq!(read_file(&v, &format!("/f{i}")), want, "file {i}");
     }
     let s = v.inode_cache_stats();
-    let pages = v.cache().capacity_pages() as u64;
+    let pages = v.cache().capacity_pages();
     assert!(
         s.cached <= s.limit + pages + 32,
         "cached {} over limit {} + {pages} mappings with pages: {s:?}",
