@@ -3,8 +3,12 @@
 //!
 //! A file's mapping is made on its first use and lives while anything holds it (an open
 //! `File`, a flush request, the writeback lists while it is dirty, a bio in flight).
-//! Past `inode_cache` cached mappings, a second-chance scan from the least recently used
-//! end evicts unused ones, with the inode's `Live` state, once they are at rest:
+//! As in the kernel, an inode goes on the LRU only when it is unused and has no pages:
+//! at its last close if it has none, else when page reclaim or a truncation takes its
+//! last page (`AddressSpaceOps::mapping_emptied`), so a scan never walks past inodes
+//! whose pages page reclaim still keeps. Past `inode_cache` cached mappings, a
+//! second-chance scan from the LRU's old end evicts them, with the inode's `Live` state,
+//! once they are at rest:
 //! - nothing but the cache holds the mapping;
 //! - it has no pages: as in the kernel since 5.15 (`mapping_shrinkable`), an inode with
 //!   page cache stays off the LRU and page reclaim empties it first, so the limit never
@@ -27,41 +31,48 @@ use std::sync::Arc;
 /// on a machine of a few GiB, about a hundred MiB of inodes here.
 pub const DEFAULT_INODE_CACHE: usize = 131_072;
 
-/// How many cached mappings one prune looks at for each one it must evict: a scan that
-/// finds every inode busy stops instead of walking the whole cache.
-const SCAN_PER_EVICTION: usize = 4;
-
 /// At most this many evictions per prune: the cost of one call stays bounded however
-/// far over the limit the cache is (mappings with pages do not count down).
+/// far over the limit the cache is.
 const PRUNE_BATCH: usize = 32;
+
+/// LRU entries one prune may pass over without evicting them (not yet at rest, or
+/// referenced since the last scan): what a prune costs when nothing can go.
+const PRUNE_SKIPS: usize = 8;
 
 struct Slot {
     mapping: Arc<Mapping>,
     /// Used since the scan last passed it (the second chance).
     referenced: bool,
-    /// Which of the ino's queue entries is current: a removed and re-added inode
-    /// leaves a stale entry behind.
-    gen: u64,
+    /// The gen of its current LRU entry, if it is on the LRU: a removed and re-added
+    /// inode leaves a stale entry behind, which the scan skips.
+    lru_gen: Option<u64>,
+}
+
+/// What the volume says of an LRU entry the scan reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// At rest: evict it.
+    Evict,
+    /// Not yet (a commit or a flush to come, a transient holder): keep it on the LRU.
+    Later,
+    /// Not a candidate until it is queued again (open, or it has pages again).
+    Off,
 }
 
 pub(super) struct InodeCache {
     map: HashMap<u64, Slot>,
-    /// Scan order, least recently queued first; entries whose gen no longer matches
-    /// are stale and skipped.
-    queue: VecDeque<(u64, u64)>,
+    /// Unused inodes without pages, oldest first: (ino, gen).
+    lru: VecDeque<(u64, u64)>,
     next_gen: u64,
     limit: usize,
     evicted: u64,
 }
 
-/// What the volume says of an inode the scan would evict (see the module comment).
-pub(super) type AtRest<'a> = dyn FnMut(u64, &Mapping) -> bool + 'a;
-
 impl InodeCache {
     pub fn new(limit: usize) -> InodeCache {
         InodeCache {
             map: HashMap::new(),
-            queue: VecDeque::new(),
+            lru: VecDeque::new(),
             next_gen: 0,
             limit,
             evicted: 0,
@@ -90,25 +101,41 @@ impl InodeCache {
     }
 
     /// The mapping of `ino`, made by `make` if it is not cached; marks it used.
-    pub fn get_or_insert(&mut self, ino: u64, make: impl FnOnce() -> Arc<Mapping>) -> Arc<Mapping> {
+    pub fn get_or_insert(
+        &mut self,
+        ino: u64,
+        make: impl FnOnce() -> Arc<Mapping>,
+    ) -> Arc<Mapping> {
         if let Some(s) = self.map.get_mut(&ino) {
             s.referenced = true;
             return s.mapping.clone();
         }
-        let gen = self.next_gen;
-        self.next_gen += 1;
         let mapping = make();
         self.map.insert(
             ino,
             Slot {
                 mapping: mapping.clone(),
                 referenced: false,
-                gen,
+                lru_gen: None,
             },
         );
-        self.queue.push_back((ino, gen));
-        self.compact();
         mapping
+    }
+
+    /// Put `ino` on the LRU (it became unused without pages); a no-op if it is there
+    /// already or not cached.
+    pub fn queue(&mut self, ino: u64) {
+        let Some(s) = self.map.get_mut(&ino) else {
+            return;
+        };
+        if s.lru_gen.is_some() {
+            return;
+        }
+        let gen = self.next_gen;
+        self.next_gen += 1;
+        s.lru_gen = Some(gen);
+        self.lru.push_back((ino, gen));
+        self.compact();
     }
 
     pub fn remove(&mut self, ino: &u64) -> Option<Arc<Mapping>> {
@@ -119,52 +146,78 @@ impl InodeCache {
 
     /// Empty the cache (unmount), returning every inode it held.
     pub fn drain(&mut self) -> Vec<u64> {
-        self.queue.clear();
+        self.lru.clear();
         self.map.drain().map(|(ino, _)| ino).collect()
     }
 
-    /// Drop stale queue entries once they are as many as the live ones, so churn below
-    /// the limit (create, delete, create...) cannot grow the queue without bound.
+    /// Drop stale LRU entries once they outnumber the cache, so churn below the limit
+    /// (create, delete, create...) cannot grow the LRU without bound.
     fn compact(&mut self) {
-        if self.queue.len() > 2 * self.map.len() + 64 {
+        if self.lru.len() > 2 * self.map.len() + 64 {
             let map = &self.map;
-            self.queue
-                .retain(|(ino, gen)| map.get(ino).is_some_and(|s| s.gen == *gen));
+            self.lru
+                .retain(|(ino, gen)| map.get(ino).is_some_and(|s| s.lru_gen == Some(*gen)));
         }
     }
 
-    /// Evict unused mappings at rest until at most `limit` are cached (or the scan's
-    /// budget is spent); returns the evicted ones, for the caller to forget the inode
-    /// elsewhere. Call with the volume's state lock held, so `at_rest` stays true.
-    pub fn prune(&mut self, at_rest: &mut AtRest<'_>) -> Vec<(u64, Arc<Mapping>)> {
+    /// Evict inodes from the LRU until at most `limit` are cached, a batch at most;
+    /// returns the evicted ones, for the caller to forget the inode elsewhere. Call with
+    /// the volume's state lock held, so a verdict of `at_rest` stays true.
+    pub fn prune(
+        &mut self,
+        at_rest: &mut dyn FnMut(u64, &Mapping) -> Verdict,
+    ) -> Vec<(u64, Arc<Mapping>)> {
         let excess = self.map.len().saturating_sub(self.limit).min(PRUNE_BATCH);
         let mut out = Vec::new();
-        let mut budget = excess * SCAN_PER_EVICTION;
-        while out.len() < excess && budget > 0 {
-            budget -= 1;
-            let Some((ino, gen)) = self.queue.pop_front() else {
+        let mut skips = 0;
+        while out.len() < excess && skips < PRUNE_SKIPS {
+            let Some((ino, gen)) = self.lru.pop_front() else {
                 break;
             };
-            let Some(s) = self.map.get_mut(&ino).filter(|s| s.gen == gen) else {
+            let Some(s) = self
+                .map
+                .get_mut(&ino)
+                .filter(|s| s.lru_gen == Some(gen))
+            else {
                 continue;
             };
-            if std::mem::take(&mut s.referenced) || !evictable(ino, &s.mapping, at_rest) {
-                self.queue.push_back((ino, gen));
-                continue;
+            let verdict = if std::mem::take(&mut s.referenced) {
+                Verdict::Later
+            } else {
+                verdict(ino, &s.mapping, at_rest)
+            };
+            match verdict {
+                Verdict::Evict => {
+                    let s = self.map.remove(&ino).expect("found above");
+                    out.push((ino, s.mapping));
+                }
+                Verdict::Later => {
+                    skips += 1;
+                    self.lru.push_back((ino, gen));
+                }
+                Verdict::Off => {
+                    skips += 1;
+                    s.lru_gen = None;
+                }
             }
-            let s = self.map.remove(&ino).expect("found above");
-            out.push((ino, s.mapping));
         }
         self.evicted += out.len() as u64;
         out
     }
 }
 
-fn evictable(ino: u64, m: &Arc<Mapping>, at_rest: &mut AtRest<'_>) -> bool {
-    // The cache's own reference only: a holder could still write through it.
-    Arc::strong_count(m) == 1
-        && m.nr_pages() == 0
-        && m.wb_err().raw() == 0
-        && m.error().is_none()
-        && at_rest(ino, m)
+fn verdict(
+    ino: u64,
+    m: &Arc<Mapping>,
+    at_rest: &mut dyn FnMut(u64, &Mapping) -> Verdict,
+) -> Verdict {
+    if m.nr_pages() > 0 || m.wb_err().raw() != 0 || m.error().is_some() {
+        // Pages: queued again when the last one goes. An error: kept for the mount.
+        return Verdict::Off;
+    }
+    if Arc::strong_count(m) > 1 {
+        // Someone else holds it and could still write through it.
+        return Verdict::Later;
+    }
+    at_rest(ino, m)
 }

@@ -873,6 +873,12 @@ impl AddressSpaceOps for Aops {
         }
     }
 
+    fn mapping_emptied(&self, ino: u64) {
+        if let Ok(vol) = self.vol() {
+            vol.icache.lock().queue(ino);
+        }
+    }
+
     fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError> {
         let vol = self.vol()?;
         let st = vol.st.lock();
@@ -1116,6 +1122,7 @@ impl Vol {
     /// Evict unused inodes at rest past the inode cache's limit (`fs::icache`), at most a
     /// batch per call: each open adds at most one, so batches keep up.
     pub(super) fn prune_icache(&self, st: &mut State) {
+        use super::icache::Verdict;
         let mut ic = self.icache.lock();
         if ic.len() <= ic.limit() {
             return;
@@ -1125,25 +1132,28 @@ impl Vol {
             (j.committed, j.barrier_done)
         };
         let evicted = ic.prune(&mut |ino, m| {
-            let rest = st
-                .live
-                .get(&ino)
-                .is_none_or(|l| l.at_rest(committed, barrier_done))
+            let live = st.live.get(&ino);
+            if live.is_some_and(|l| l.open > 0) {
+                return Verdict::Off; // queued again at its last close
+            }
+            let rest = live.is_none_or(|l| l.at_rest(committed, barrier_done))
                 && !st.txn_inodes.contains(&ino)
                 && !st.truncating.contains_key(&ino)
                 && !st.ordered.iter().any(|o| o.ino == ino);
             if !rest {
-                return false;
+                return Verdict::Later;
             }
             // At rest, the durable size is the size: the rebuilt mapping starts there.
             let durable = st.meta.inodes.get(&ino).map(|i| i.size);
-            let same = durable == Some(m.size());
-            debug_assert!(
-                same,
-                "inode {ino} at rest has size {} in its mapping and {durable:?} on disk",
-                m.size()
-            );
-            same
+            if durable != Some(m.size()) {
+                debug_assert!(
+                    false,
+                    "inode {ino} at rest has size {} in its mapping and {durable:?} on disk",
+                    m.size()
+                );
+                return Verdict::Off;
+            }
+            Verdict::Evict
         });
         drop(ic);
         for (ino, _) in evicted {
@@ -1533,6 +1543,7 @@ impl Vol {
         let Some(l) = st.live.get_mut(&ino) else {
             return Ok(());
         };
+        debug_assert!(l.open > 0, "a close of inode {ino}, which is not open");
         l.open = l.open.saturating_sub(1);
         let last = l.open == 0;
         // auto_da_alloc: closing a file truncated to zero starts its writeback now.
@@ -1542,6 +1553,10 @@ impl Vol {
             return self.delete_inode(&mut st, ino);
         }
         if last {
+            // Unused without pages: on the inode LRU now (else when its last page goes).
+            if mapping.nr_pages() == 0 {
+                self.icache.lock().queue(ino);
+            }
             self.prune_icache(&mut st);
         }
         drop(st);

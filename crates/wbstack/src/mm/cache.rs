@@ -37,6 +37,10 @@ pub trait AddressSpaceOps: Send + Sync + 'static {
     /// holding the writes of some back (journaled data waiting for its home write)
     /// sends them now. Called without the mapping's lock.
     fn writeback_wait(&self, _ino: u64) {}
+    /// The last page of `ino`'s mapping left the cache (reclaim or truncation): the
+    /// kernel puts an unused inode on the inode LRU only now (`mapping_shrinkable`).
+    /// Called without the mapping's lock or the cache's LRU lock.
+    fn mapping_emptied(&self, _ino: u64) {}
     /// A data write of pages [index, index+n) to `sector` (as `map_write` returned it)
     /// completed, with the file `i_size` bytes long at that moment (ordered-data hook:
     /// only now may metadata pointing at these blocks be journaled).
@@ -134,6 +138,7 @@ impl PageCache {
             return;
         };
         let mut budget = lru.len().min(((nr - cap) as usize).saturating_mul(4) + 256);
+        let mut emptied = Vec::new();
         while self.nr_pages() > cap && budget > 0 {
             budget -= 1;
             let Some(e) = lru.pop_front() else { break };
@@ -162,8 +167,16 @@ impl PageCache {
                 Some(_) => {
                     inner.pages.remove(&e.index);
                     self.nr_pages.fetch_sub(1, Ordering::Relaxed);
+                    if inner.pages.is_empty() {
+                        drop(inner);
+                        emptied.push(m);
+                    }
                 }
             }
+        }
+        drop(lru);
+        for m in emptied {
+            m.ops.mapping_emptied(m.ino);
         }
     }
 }
@@ -791,10 +804,16 @@ impl Mapping {
     pub fn truncate(&self, size: u64) {
         crate::block::flush_plug();
         let mut inner = self.inner.lock();
+        let had_pages = !inner.pages.is_empty();
         // An extension cuts nothing: no old content past the end to wait for.
         let shrink = size < inner.size;
         while self.cut_pages(&mut inner, size, true) && shrink {
             self.sleep_on_writeback(&mut inner, |m, i| m.cut_pages(i, size, true));
+        }
+        let emptied = had_pages && inner.pages.is_empty();
+        drop(inner);
+        if emptied {
+            self.ops.mapping_emptied(self.ino);
         }
     }
 
