@@ -97,6 +97,13 @@ proptest! {
     }
 
     #[test]
+    fn a_records_encoded_len_is_what_it_encodes_to(r in record()) {
+        let mut w = wbstack::fs::format::Writer::default();
+        r.encode(&mut w);
+        prop_assert_eq!(r.encoded_len(), w.0.len());
+    }
+
+    #[test]
     fn any_single_bit_flip_in_a_transaction_is_caught(records in prop::collection::vec(record(), 1..10), bit in any::<prop::sample::Index>()) {
         let t = Txn { fs_id: 7, tid: 3, records };
         let mut enc = t.encode();

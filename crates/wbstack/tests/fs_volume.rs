@@ -517,3 +517,36 @@ fn a_page_claimed_for_writeback_before_a_truncation_is_not_mapped_after_it() {
     assert!(map.iter().all(|&(fb, _, _)| fb == 0), "{map:?}");
     v.unmount().unwrap();
 }
+
+/// A running transaction that reaches a quarter of the journal commits at once, however
+/// long its interval (jbd2's j_max_transaction_buffers): the records held in memory and
+/// a crash's replay stay bounded under a fast stream of operations.
+#[test]
+fn a_transaction_commits_when_it_fills_a_quarter_of_the_journal() {
+    let (_q, v) = fresh_with("sim:ssd,size=64M", quiet());
+    let journal_bytes = v.superblock().journal_blocks * 4096;
+    let before = v.journal_stats().commits;
+    // Each create logs a create and a link record of ~80 bytes: enough files to fill a
+    // quarter of the journal twice, with no fsync and an hour's commit interval.
+    let files = journal_bytes / 4 / 80 * 2;
+    for i in 0..files {
+        v.create(&format!("/file-with-a-longish-name-{i}"))
+            .unwrap()
+            .close()
+            .unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    while v.journal_stats().commits == before {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "no commit of a full transaction"
+        );
+        std::thread::yield_now();
+    }
+    let s = v.journal_stats();
+    assert!(
+        s.bytes <= journal_bytes,
+        "the commits were at most a quarter of the journal each: {s:?}"
+    );
+    v.unmount().unwrap();
+}

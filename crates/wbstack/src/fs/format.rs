@@ -407,6 +407,25 @@ pub enum Record {
 }
 
 impl Record {
+    /// Bytes `encode` writes, without encoding (what the running transaction adds up
+    /// to decide when it is big enough to commit).
+    pub fn encoded_len(&self) -> usize {
+        // Tag byte, then the fields; `bytes` is a u32 length and the bytes.
+        1 + match self {
+            Record::Create { .. } => 8 + 1 + 4 * 3 + 8,
+            Record::Link { name, .. } | Record::Unlink { name, .. } => 8 + 4 + name.len() + 8,
+            Record::SetSize { .. } | Record::Truncate { .. } => 16,
+            Record::SetAttr { .. } => 8 + 4 * 3 + 8 * 3,
+            Record::MapExtent { .. } => 32,
+            Record::SetTarget { target, .. } => 8 + 4 + target.len(),
+            Record::Orphan { .. } | Record::Delete { .. } | Record::Revoke { .. } => 8,
+            Record::SetRdev { .. } => 8 + 4,
+            Record::SetXattr { name, value, .. } => 8 + 4 + name.len() + 4 + value.len(),
+            Record::RemoveXattr { name, .. } => 8 + 4 + name.len(),
+            Record::DataBlock { data, .. } => 8 + 4 + 4 + data.len(),
+        }
+    }
+
     pub fn encode(&self, w: &mut Writer) {
         match self {
             Record::Create {
@@ -660,17 +679,24 @@ pub const TXN_HEADER: usize = 4 + 8 + 8 + 4 + 4;
 impl Txn {
     /// Encoded and padded to whole blocks.
     pub fn encode(&self) -> Vec<u8> {
-        let mut body = Writer::default();
-        for r in &self.records {
-            r.encode(&mut body);
-        }
-        let mut w = Writer::default();
+        // One buffer of the exact size: a big transaction is tens of MiB, and growing
+        // (or copying a separate body) doubled its peak memory.
+        let body_len: usize = self.records.iter().map(Record::encoded_len).sum();
+        let len = (TXN_HEADER + body_len + 4).next_multiple_of(BLOCK_SIZE);
+        let mut w = Writer(Vec::with_capacity(len));
         w.u32(TXN_MAGIC)
             .u64(self.fs_id)
             .u64(self.tid)
             .u32(self.records.len() as u32)
-            .u32(body.0.len() as u32);
-        w.0.extend_from_slice(&body.0);
+            .u32(body_len as u32);
+        for r in &self.records {
+            r.encode(&mut w);
+        }
+        debug_assert_eq!(
+            w.0.len(),
+            TXN_HEADER + body_len,
+            "Record::encoded_len is exact"
+        );
         let c = crc(&w.0);
         w.u32(c);
         let len = w.0.len().next_multiple_of(BLOCK_SIZE);

@@ -101,11 +101,7 @@ impl InodeCache {
     }
 
     /// The mapping of `ino`, made by `make` if it is not cached; marks it used.
-    pub fn get_or_insert(
-        &mut self,
-        ino: u64,
-        make: impl FnOnce() -> Arc<Mapping>,
-    ) -> Arc<Mapping> {
+    pub fn get_or_insert(&mut self, ino: u64, make: impl FnOnce() -> Arc<Mapping>) -> Arc<Mapping> {
         if let Some(s) = self.map.get_mut(&ino) {
             s.referenced = true;
             return s.mapping.clone();
@@ -174,11 +170,7 @@ impl InodeCache {
             let Some((ino, gen)) = self.lru.pop_front() else {
                 break;
             };
-            let Some(s) = self
-                .map
-                .get_mut(&ino)
-                .filter(|s| s.lru_gen == Some(gen))
-            else {
+            let Some(s) = self.map.get_mut(&ino).filter(|s| s.lru_gen == Some(gen)) else {
                 continue;
             };
             let verdict = if std::mem::take(&mut s.referenced) {

@@ -471,6 +471,7 @@ impl Volume {
         };
         let jwaiter = crate::clock::Waiter::new();
         clock.register_waiter(&jwaiter);
+        let txn_limit_bytes = (l.sb.journal_blocks * PAGE / 4) as usize;
         let vol = Arc::new(Vol {
             q,
             cache,
@@ -487,6 +488,9 @@ impl Volume {
                 txn: Vec::new(),
                 txn_inodes: BTreeSet::new(),
                 txn_first_ns: None,
+                txn_bytes: 0,
+                txn_limit_bytes,
+                txn_full_waiter: jwaiter.clone(),
                 live: HashMap::new(),
                 inflight: HashMap::new(),
                 aborted: None,
@@ -589,14 +593,15 @@ impl Vol {
         if stop {
             return false;
         }
-        let (pending, first) = {
+        let (pending, first, full) = {
             let st = self.st.lock();
             (
                 !st.txn.is_empty() || !st.txn_inodes.is_empty(),
                 st.txn_first_ns,
+                st.txn_full(),
             )
         };
-        let periodic = pending && first.is_some_and(|t| now >= t + interval);
+        let periodic = pending && (full || first.is_some_and(|t| now >= t + interval));
         if !(need_commit || need_barrier || force || periodic) {
             // Idle: journaled data held back for a batch goes home after a while.
             let home_due = {
@@ -752,6 +757,7 @@ impl Vol {
             }
             st.restate();
             let records = std::mem::take(&mut st.txn);
+            st.txn_bytes = 0;
             let tid = st.running_tid;
             st.txn_jdata_pages = 0;
             st.running_tid += 1;

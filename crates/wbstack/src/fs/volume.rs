@@ -419,6 +419,14 @@ pub(super) struct State {
     /// SetAttr/SetSize records when it commits (one each, however many writes).
     pub txn_inodes: BTreeSet<u64>,
     pub txn_first_ns: Option<u64>,
+    /// Encoded bytes of the records logged in the running transaction, and the size at
+    /// which it commits without waiting for its interval (jbd2's
+    /// j_max_transaction_buffers, a quarter of the journal): the records held in memory
+    /// and the replay after a crash stay bounded however fast operations arrive.
+    pub txn_bytes: usize,
+    pub txn_limit_bytes: usize,
+    /// Woken when the running transaction reaches `txn_limit_bytes` (the committer's).
+    pub txn_full_waiter: Arc<crate::clock::Waiter>,
     pub live: HashMap<u64, Live>,
     pub inflight: HashMap<u64, Inflight>,
     /// Set when the journal failed: no more changes.
@@ -497,9 +505,19 @@ impl State {
                 return Ok(());
             }
         }
+        let was_full = self.txn_full();
+        self.txn_bytes += rec.encoded_len();
         self.txn.push(rec);
         self.touch(touched, false, now_ns);
+        if !was_full && self.txn_full() {
+            self.txn_full_waiter.kick();
+        }
         Ok(())
+    }
+
+    /// The running transaction is big enough to commit now.
+    pub fn txn_full(&self) -> bool {
+        self.txn_bytes >= self.txn_limit_bytes
     }
 
     /// A directory `moved` may not go into its own subtree: walk up from `into`.
