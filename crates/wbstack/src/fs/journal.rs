@@ -114,6 +114,8 @@ pub struct Loaded {
     pub ckpt_slot: usize,
     pub ckpt_seq: u64,
     pub ckpt_tid: u64,
+    /// Where the checkpoint says the journal resumes.
+    pub ckpt_journal_pos: u64,
     /// Every transaction up to this one was replayed.
     pub last_tid: u64,
     pub txns_replayed: u64,
@@ -239,6 +241,7 @@ pub fn load_after_superblock(
         ckpt_slot: slot,
         ckpt_seq: ckpt.seq,
         ckpt_tid: ckpt.tid,
+        ckpt_journal_pos: ckpt.journal_pos,
         last_tid: r.last_tid,
         txns_replayed: r.txns,
         journal_end: r.end,
@@ -253,8 +256,12 @@ pub fn load_after_superblock(
 /// before it writes anything: delete the orphans, then encode the new checkpoint, which
 /// must fit the slot it goes to. fsck runs the same steps, so an image fsck finds clean
 /// mounts. Returns the orphans deleted and the encoded checkpoint (seq and slot after
-/// `l`'s); the error names what is wrong.
-pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Vec<u8>), String> {
+/// `l`'s), or no checkpoint when the newest one is the state already (see
+/// `needs_checkpoint`); the error names what is wrong.
+pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<Vec<u8>>), String> {
+    if !needs_checkpoint(l) {
+        return Ok((Vec::new(), None));
+    }
     let orphans: Vec<u64> = l.meta.orphans.iter().copied().collect();
     for ino in &orphans {
         l.meta
@@ -280,7 +287,19 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Vec<u8>), Strin
             ckpt.len()
         ));
     }
-    Ok((orphans, ckpt))
+    Ok((orphans, Some(ckpt)))
+}
+
+/// Whether mount must write a checkpoint: only when the state differs from the newest
+/// one (transactions replayed, orphans to delete, journaled data to write home) or the
+/// superblock moves to this version. After a clean unmount it does not, and mount
+/// neither encodes nor writes the whole metadata again: the journal resumes where the
+/// checkpoint says, and the next checkpoint goes to the other slot.
+fn needs_checkpoint(l: &Loaded) -> bool {
+    l.txns_replayed > 0
+        || !l.meta.orphans.is_empty()
+        || !l.jdata.is_empty()
+        || l.sb.version < super::format::FORMAT_VERSION
 }
 
 /// What replay found.
@@ -421,13 +440,18 @@ impl Volume {
             debug_assert!(*block >= l.sb.data_start && *block < l.sb.nr_blocks);
             q.write_sync(sector(*block), IoBuf::from_slice(data), BioFlags::empty())?;
         }
-        let slot = 1 - l.ckpt_slot;
-        let seq = l.ckpt_seq + 1;
-        q.write_sync(
-            sector(l.sb.checkpoint[slot].0),
-            IoBuf::from_slice(&ckpt),
-            BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
-        )?;
+        let (slot, seq, head) = match &ckpt {
+            Some(ckpt) => {
+                let slot = 1 - l.ckpt_slot;
+                q.write_sync(
+                    sector(l.sb.checkpoint[slot].0),
+                    IoBuf::from_slice(ckpt),
+                    BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
+                )?;
+                (slot, l.ckpt_seq + 1, 0)
+            }
+            None => (l.ckpt_slot, l.ckpt_seq, l.ckpt_journal_pos),
+        };
         if l.sb.version < super::format::FORMAT_VERSION {
             // An older image: from now on it may hold what only this version reads, so
             // an older binary must meet a version error, not a puzzling record.
@@ -509,6 +533,7 @@ impl Volume {
                 want_tid: l.last_tid,
                 ckpt_seq: seq,
                 ckpt_slot: slot,
+                head,
                 ..Default::default()
             }),
             jcv: Condvar::new(),
