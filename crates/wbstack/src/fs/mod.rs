@@ -2,6 +2,7 @@
 //! ordered-data metadata journal, mounted as a [`Volume`] with [`File`] handles.
 //!
 //! - `format`: on-disk structures (superblock, journal transactions, checkpoints).
+//! - `btree`: the copy-on-write B+tree the metadata moves to (not used by the volume yet).
 //! - `alloc`: free space as an extent map; reservations, goal cursor, deferred frees.
 //! - `extents`: an inode's extent map (inline while it holds one extent).
 //! - `icache`: the inode cache (mappings of files, evicted past a limit when at rest).
@@ -15,6 +16,7 @@
 //! - `fuzz` (hidden): the harness of the fuzz targets and of the regression corpus test.
 
 pub mod alloc;
+pub mod btree;
 pub mod error;
 pub mod extents;
 pub mod flush;

@@ -1,0 +1,615 @@
+//! A copy-on-write B+tree of byte-string keys and values on the device: the on-disk
+//! home the metadata moves to (issue 16), so a checkpoint writes only what changed.
+//!
+//! Why this shape (the decision, against the alternatives):
+//! - The journal logs logical records, so the durable tree must always be a whole
+//!   snapshot at some transaction, with replay applying records on top: copy-on-write
+//!   (btrfs's model, our journal in the role of its log tree). XFS writes btree blocks
+//!   in place and so logs them physically, a second journal format and twice the
+//!   writes; an LSM reads several levels per lookup and needs compaction and a harder
+//!   fsck.
+//! - Not redb through its `StorageBackend`: it may panic on corrupt input (its own
+//!   fuzzing finds it; its maintainer advises a full integrity walk), and every decoder
+//!   here must be total, mount and fsck of any bytes ending in an error. It would also
+//!   keep a second allocator in a linear region and cache our pages a second time.
+//!
+//! A change makes the path from the root to its leaf dirty (each clean node on it is
+//! read, decoded and its old block noted as freed); `write_dirty` writes every dirty
+//! node to a new block, children first, and returns the new root. Nothing here does IO
+//! but through `NodeStore::read`, and nothing frees a block: the caller frees the old
+//! blocks once the new root is durable.
+
+pub mod node;
+
+pub use node::{max_entry, ChildPtr, Entries, Link, Node, MAX_LEVEL};
+
+use crate::fs::format::FormatError;
+use std::ops::Bound;
+
+/// Reads a node's bytes (exactly the tree's node size) from where it was written.
+pub trait NodeStore {
+    fn read(&self, block: u64) -> Result<Vec<u8>, TreeError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TreeError {
+    #[error("{0}")]
+    Format(#[from] FormatError),
+    #[error("an entry of {len} bytes is larger than a tree entry may be ({max} bytes)")]
+    TooBig { len: usize, max: usize },
+    #[error("reading tree block {block}: {why}")]
+    Io { block: u64, why: String },
+    #[error("no block for a tree node: {0}")]
+    NoSpace(String),
+    #[error("an empty key (keys are at least one byte)")]
+    EmptyKey,
+}
+
+pub type TreeResult<T> = Result<T, TreeError>;
+
+/// The durable root: what a checkpoint records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Root {
+    pub ptr: ChildPtr,
+    pub level: u8,
+}
+
+/// What `write_dirty` produced: the nodes to write (block, bytes), the new root, and
+/// the blocks of nodes replaced since the last write (free once the root is durable).
+#[derive(Debug, Default)]
+pub struct Written {
+    pub writes: Vec<(u64, Vec<u8>)>,
+    pub root: Option<Root>,
+    pub freed: Vec<u64>,
+}
+
+pub struct Tree {
+    root: Option<Link>,
+    level: u8,
+    fs_id: u64,
+    node_size: usize,
+    freed: Vec<u64>,
+}
+
+struct Cx<'a> {
+    store: &'a dyn NodeStore,
+    fs_id: u64,
+    node_size: usize,
+}
+
+impl Cx<'_> {
+    fn load(&self, p: &ChildPtr, level: u8) -> TreeResult<Node> {
+        let buf = self.store.read(p.block)?;
+        if buf.len() != self.node_size {
+            return Err(TreeError::Io {
+                block: p.block,
+                why: format!("read {} bytes of a {}-byte node", buf.len(), self.node_size),
+            });
+        }
+        Ok(Node::decode(&buf, self.fs_id, p, level)?)
+    }
+}
+
+/// Index of the child of inner entries `e` whose range holds `key`.
+fn child_index(e: &[(Vec<u8>, Link)], key: &[u8]) -> usize {
+    e[1..].partition_point(|(k, _)| k.as_slice() <= key)
+}
+
+impl Tree {
+    /// An empty tree of `node_size`-byte nodes.
+    pub fn new(fs_id: u64, node_size: usize) -> Tree {
+        Tree {
+            root: None,
+            level: 0,
+            fs_id,
+            node_size,
+            freed: Vec::new(),
+        }
+    }
+
+    /// The tree whose durable root is `root` (as a checkpoint recorded it).
+    pub fn open(fs_id: u64, node_size: usize, root: Option<Root>) -> TreeResult<Tree> {
+        let mut t = Tree::new(fs_id, node_size);
+        if let Some(r) = root {
+            if r.level > MAX_LEVEL {
+                return Err(FormatError::Corrupt(format!(
+                    "a tree root of level {}, above the most a tree has ({MAX_LEVEL})",
+                    r.level
+                ))
+                .into());
+            }
+            t.root = Some(Link::Clean(r.ptr));
+            t.level = r.level;
+        }
+        Ok(t)
+    }
+
+    pub fn node_size(&self) -> usize {
+        self.node_size
+    }
+
+    fn cx<'a>(&self, store: &'a dyn NodeStore) -> Cx<'a> {
+        Cx {
+            store,
+            fs_id: self.fs_id,
+            node_size: self.node_size,
+        }
+    }
+
+    /// Whether anything changed since the last `write_dirty`.
+    pub fn is_dirty(&self) -> bool {
+        matches!(self.root, Some(Link::Dirty(_))) || !self.freed.is_empty()
+    }
+
+    pub fn get(&self, store: &dyn NodeStore, key: &[u8]) -> TreeResult<Option<Vec<u8>>> {
+        match &self.root {
+            None => Ok(None),
+            Some(l) => get_in(&self.cx(store), l, self.level, key),
+        }
+    }
+
+    /// Call `f` with each entry whose key lies in (`from`, `to`), in key order, until it
+    /// returns false.
+    pub fn for_each(
+        &self,
+        store: &dyn NodeStore,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> TreeResult<()> {
+        if let Some(l) = &self.root {
+            range_in(&self.cx(store), l, self.level, from, to, f)?;
+        }
+        Ok(())
+    }
+
+    /// Every entry in (`from`, `to`), in key order.
+    pub fn range(
+        &self,
+        store: &dyn NodeStore,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+    ) -> TreeResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        self.for_each(store, from, to, &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Set `key` to `value`; returns the value it replaced.
+    pub fn insert(
+        &mut self,
+        store: &dyn NodeStore,
+        key: &[u8],
+        value: &[u8],
+    ) -> TreeResult<Option<Vec<u8>>> {
+        let max = max_entry(self.node_size);
+        if key.is_empty() {
+            return Err(TreeError::EmptyKey);
+        }
+        if key.len() + value.len() > max {
+            return Err(TreeError::TooBig {
+                len: key.len() + value.len(),
+                max,
+            });
+        }
+        let cx = self.cx(store);
+        let Some(root) = self.root.as_mut() else {
+            self.root = Some(Link::Dirty(Box::new(Node {
+                level: 0,
+                entries: Entries::Leaf(vec![(key.to_vec(), value.to_vec())]),
+            })));
+            self.level = 0;
+            return Ok(None);
+        };
+        let (old, split) = insert_in(&cx, &mut self.freed, root, self.level, key, value)?;
+        if let Some((sep, right)) = split {
+            if self.level >= MAX_LEVEL {
+                return Err(
+                    FormatError::Corrupt("the tree grew past its most levels".into()).into(),
+                );
+            }
+            let left = self.root.take().expect("the root just split");
+            self.level += 1;
+            self.root = Some(Link::Dirty(Box::new(Node {
+                level: self.level,
+                entries: Entries::Inner(vec![
+                    (Vec::new(), left),
+                    (sep, Link::Dirty(Box::new(right))),
+                ]),
+            })));
+        }
+        Ok(old)
+    }
+
+    /// Remove `key`; returns its value. A key that is not there changes nothing (no node
+    /// is made dirty).
+    pub fn remove(&mut self, store: &dyn NodeStore, key: &[u8]) -> TreeResult<Option<Vec<u8>>> {
+        if self.get(store, key)?.is_none() {
+            return Ok(None);
+        }
+        let cx = self.cx(store);
+        let root = self.root.as_mut().expect("a key was found");
+        let old = remove_in(&cx, &mut self.freed, root, self.level, key)?;
+        // A root left with one child hands the tree to it; an empty leaf root goes.
+        while let Some(Link::Dirty(n)) = &mut self.root {
+            match &mut n.entries {
+                Entries::Inner(e) if e.len() == 1 => {
+                    let (_, child) = e.pop().expect("one child");
+                    self.root = Some(child);
+                    self.level -= 1;
+                }
+                Entries::Leaf(e) if e.is_empty() => {
+                    self.root = None;
+                    self.level = 0;
+                }
+                _ => break,
+            }
+        }
+        Ok(old)
+    }
+
+    /// Write every dirty node to a block from `alloc`, children before parents; all
+    /// nodes are clean after. `seq` is stamped in each node and its pointer, so a
+    /// node left from an older checkpoint at the same block is told apart.
+    pub fn write_dirty(
+        &mut self,
+        seq: u64,
+        alloc: &mut dyn FnMut() -> TreeResult<u64>,
+    ) -> TreeResult<Written> {
+        let mut out = Written::default();
+        if let Some(root) = self.root.as_mut() {
+            write_in(
+                self.fs_id,
+                self.node_size,
+                root,
+                seq,
+                alloc,
+                &mut out.writes,
+            )?;
+        }
+        out.root = match &self.root {
+            Some(Link::Clean(p)) => Some(Root {
+                ptr: *p,
+                level: self.level,
+            }),
+            Some(Link::Dirty(_)) => unreachable!("written above"),
+            None => None,
+        };
+        out.freed = std::mem::take(&mut self.freed);
+        Ok(out)
+    }
+
+    /// Walk the whole tree checking what lookups assume: every node decodes at its
+    /// level, every key lies inside the range its parent gives it, no block is used
+    /// twice. Returns the blocks of the durable nodes (for a free-space check).
+    pub fn check(&self, store: &dyn NodeStore) -> TreeResult<Vec<u64>> {
+        let mut blocks = Vec::new();
+        if let Some(l) = &self.root {
+            check_in(&self.cx(store), l, self.level, None, None, &mut blocks)?;
+        }
+        let mut sorted = blocks.clone();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(FormatError::Corrupt(format!("tree block {} is used twice", w[0])).into());
+        }
+        Ok(blocks)
+    }
+}
+
+/// The node `link` refers to: in memory, or read into `slot`.
+fn node_of<'a>(
+    cx: &Cx,
+    link: &'a Link,
+    level: u8,
+    slot: &'a mut Option<Node>,
+) -> TreeResult<&'a Node> {
+    match link {
+        Link::Dirty(n) => Ok(n),
+        Link::Clean(p) => Ok(slot.insert(cx.load(p, level)?)),
+    }
+}
+
+/// Make `link` a node in memory (copy-on-write: its old block is freed once the new
+/// root is durable) and return it.
+fn dirty<'a>(
+    cx: &Cx,
+    freed: &mut Vec<u64>,
+    link: &'a mut Link,
+    level: u8,
+) -> TreeResult<&'a mut Node> {
+    if let Link::Clean(p) = link {
+        let n = cx.load(p, level)?;
+        freed.push(p.block);
+        *link = Link::Dirty(Box::new(n));
+    }
+    match link {
+        Link::Dirty(n) => Ok(n),
+        Link::Clean(_) => unreachable!("made dirty above"),
+    }
+}
+
+fn get_in(cx: &Cx, link: &Link, level: u8, key: &[u8]) -> TreeResult<Option<Vec<u8>>> {
+    let mut slot = None;
+    let node = node_of(cx, link, level, &mut slot)?;
+    match &node.entries {
+        Entries::Leaf(e) => Ok(e
+            .binary_search_by(|(k, _)| k.as_slice().cmp(key))
+            .ok()
+            .map(|i| e[i].1.clone())),
+        Entries::Inner(e) => get_in(cx, &e[child_index(e, key)].1, level - 1, key),
+    }
+}
+
+fn below(to: Bound<&[u8]>, k: &[u8]) -> bool {
+    match to {
+        Bound::Included(t) => k <= t,
+        Bound::Excluded(t) => k < t,
+        Bound::Unbounded => true,
+    }
+}
+
+fn above(from: Bound<&[u8]>, k: &[u8]) -> bool {
+    match from {
+        Bound::Included(f) => k >= f,
+        Bound::Excluded(f) => k > f,
+        Bound::Unbounded => true,
+    }
+}
+
+/// Returns false once `f` asked to stop.
+fn range_in(
+    cx: &Cx,
+    link: &Link,
+    level: u8,
+    from: Bound<&[u8]>,
+    to: Bound<&[u8]>,
+    f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+) -> TreeResult<bool> {
+    let mut slot = None;
+    let node = node_of(cx, link, level, &mut slot)?;
+    match &node.entries {
+        Entries::Leaf(e) => {
+            for (k, v) in e {
+                if !above(from, k) {
+                    continue;
+                }
+                if !below(to, k) || !f(k, v) {
+                    return Ok(false);
+                }
+            }
+        }
+        Entries::Inner(e) => {
+            let first = match from {
+                Bound::Included(k) | Bound::Excluded(k) => child_index(e, k),
+                Bound::Unbounded => 0,
+            };
+            for (i, (k, child)) in e.iter().enumerate().skip(first) {
+                if i > first && !below(to, k) {
+                    return Ok(false);
+                }
+                if !range_in(cx, child, level - 1, from, to, f)? {
+                    return Ok(false);
+                }
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Insert into the subtree at `link`; returns the old value and, if the node split, the
+/// new right sibling with its first key.
+#[allow(clippy::type_complexity)]
+fn insert_in(
+    cx: &Cx,
+    freed: &mut Vec<u64>,
+    link: &mut Link,
+    level: u8,
+    key: &[u8],
+    value: &[u8],
+) -> TreeResult<(Option<Vec<u8>>, Option<(Vec<u8>, Node)>)> {
+    let node = dirty(cx, freed, link, level)?;
+    let old = match &mut node.entries {
+        Entries::Leaf(e) => match e.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
+            Ok(i) => Some(std::mem::replace(&mut e[i].1, value.to_vec())),
+            Err(i) => {
+                e.insert(i, (key.to_vec(), value.to_vec()));
+                None
+            }
+        },
+        Entries::Inner(e) => {
+            let i = child_index(e, key);
+            let (old, split) = insert_in(cx, freed, &mut e[i].1, level - 1, key, value)?;
+            if let Some((sep, right)) = split {
+                e.insert(i + 1, (sep, Link::Dirty(Box::new(right))));
+            }
+            old
+        }
+    };
+    let split = (node.encoded_len() > cx.node_size).then(|| split_node(node));
+    Ok((old, split))
+}
+
+/// Split `node` in two of about equal bytes; returns the right half and its first key.
+fn split_node(node: &mut Node) -> (Vec<u8>, Node) {
+    let half = (node.encoded_len() - node::HEADER) / 2;
+    match &mut node.entries {
+        Entries::Leaf(e) => {
+            let at = split_point(e.iter().map(|(k, v)| 4 + k.len() + v.len()), half);
+            let right = e.split_off(at);
+            let sep = right[0].0.clone();
+            (
+                sep,
+                Node {
+                    level: node.level,
+                    entries: Entries::Leaf(right),
+                },
+            )
+        }
+        Entries::Inner(e) => {
+            let at = split_point(e.iter().map(|(k, _)| 22 + k.len()), half);
+            let mut right = e.split_off(at);
+            let sep = std::mem::take(&mut right[0].0);
+            (
+                sep,
+                Node {
+                    level: node.level,
+                    entries: Entries::Inner(right),
+                },
+            )
+        }
+    }
+}
+
+/// The first index whose entries before it pass `half` bytes, keeping one entry at
+/// least on each side.
+fn split_point(sizes: impl ExactSizeIterator<Item = usize>, half: usize) -> usize {
+    let n = sizes.len();
+    let mut sum = 0;
+    for (i, s) in sizes.enumerate() {
+        sum += s;
+        if sum >= half {
+            return (i + 1).clamp(1, n - 1);
+        }
+    }
+    n - 1
+}
+
+/// Remove `key` (known present) from the subtree at `link`, rebalancing a child that
+/// became too small with a sibling.
+fn remove_in(
+    cx: &Cx,
+    freed: &mut Vec<u64>,
+    link: &mut Link,
+    level: u8,
+    key: &[u8],
+) -> TreeResult<Option<Vec<u8>>> {
+    let node = dirty(cx, freed, link, level)?;
+    match &mut node.entries {
+        Entries::Leaf(e) => Ok(e
+            .binary_search_by(|(k, _)| k.as_slice().cmp(key))
+            .ok()
+            .map(|i| e.remove(i).1)),
+        Entries::Inner(e) => {
+            let i = child_index(e, key);
+            let old = remove_in(cx, freed, &mut e[i].1, level - 1, key)?;
+            let small = match &e[i].1 {
+                Link::Dirty(c) => c.is_empty() || c.encoded_len() < cx.node_size / 4,
+                Link::Clean(_) => false,
+            };
+            if small && e.len() > 1 {
+                rebalance(cx, freed, e, i, level - 1)?;
+            }
+            Ok(old)
+        }
+    }
+}
+
+/// Merge child `i` of `e` with a sibling, or share their entries out evenly when both do
+/// not fit one node.
+fn rebalance(
+    cx: &Cx,
+    freed: &mut Vec<u64>,
+    e: &mut Vec<(Vec<u8>, Link)>,
+    i: usize,
+    level: u8,
+) -> TreeResult<()> {
+    let (l, r) = if i + 1 < e.len() {
+        (i, i + 1)
+    } else {
+        (i - 1, i)
+    };
+    dirty(cx, freed, &mut e[l].1, level)?;
+    dirty(cx, freed, &mut e[r].1, level)?;
+    let (sep, right) = e.remove(r);
+    let Link::Dirty(mut right) = right else {
+        unreachable!("made dirty above")
+    };
+    let Link::Dirty(left) = &mut e[l].1 else {
+        unreachable!("made dirty above")
+    };
+    match (&mut left.entries, &mut right.entries) {
+        (Entries::Leaf(a), Entries::Leaf(b)) => a.append(b),
+        (Entries::Inner(a), Entries::Inner(b)) => {
+            // The right node's first child now starts at the separator.
+            b[0].0 = sep;
+            a.append(b);
+        }
+        _ => {
+            return Err(
+                FormatError::Corrupt("siblings of different kinds in the tree".into()).into(),
+            )
+        }
+    }
+    if left.encoded_len() > cx.node_size {
+        let (sep, right) = split_node(left);
+        e.insert(l + 1, (sep, Link::Dirty(Box::new(right))));
+    }
+    Ok(())
+}
+
+fn write_in(
+    fs_id: u64,
+    node_size: usize,
+    link: &mut Link,
+    seq: u64,
+    alloc: &mut dyn FnMut() -> TreeResult<u64>,
+    out: &mut Vec<(u64, Vec<u8>)>,
+) -> TreeResult<()> {
+    let Link::Dirty(node) = link else {
+        return Ok(());
+    };
+    if let Entries::Inner(e) = &mut node.entries {
+        for (_, child) in e.iter_mut() {
+            write_in(fs_id, node_size, child, seq, alloc, out)?;
+        }
+    }
+    let block = alloc()?;
+    let bytes = node.encode(fs_id, seq, block, node_size);
+    let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    out.push((block, bytes));
+    *link = Link::Clean(ChildPtr { block, crc, seq });
+    Ok(())
+}
+
+fn check_in(
+    cx: &Cx,
+    link: &Link,
+    level: u8,
+    lo: Option<&[u8]>,
+    hi: Option<&[u8]>,
+    blocks: &mut Vec<u64>,
+) -> TreeResult<()> {
+    if let Link::Clean(p) = link {
+        blocks.push(p.block);
+    }
+    let mut slot = None;
+    let node = node_of(cx, link, level, &mut slot)?;
+    let outside = |k: &[u8]| lo.is_some_and(|lo| k < lo) || hi.is_some_and(|hi| k >= hi);
+    match &node.entries {
+        Entries::Leaf(e) => {
+            if let Some((k, _)) = e.iter().find(|(k, _)| outside(k)) {
+                return Err(FormatError::Corrupt(format!(
+                    "tree key {k:02x?} lies outside the range its parent gives its leaf"
+                ))
+                .into());
+            }
+        }
+        Entries::Inner(e) => {
+            for (i, (k, child)) in e.iter().enumerate() {
+                if i > 0 && outside(k) {
+                    return Err(FormatError::Corrupt(format!(
+                        "tree separator {k:02x?} lies outside its node's range"
+                    ))
+                    .into());
+                }
+                let clo = if i == 0 { lo } else { Some(k.as_slice()) };
+                let chi = e.get(i + 1).map(|(k, _)| k.as_slice()).or(hi);
+                check_in(cx, child, level - 1, clo, chi, blocks)?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,280 @@
+//! The metadata B+tree (issue 16, step 1): against a `BTreeMap` under random inserts,
+//! removes, range scans, writes and reopenings from the written root, with the blocks
+//! it holds always exactly those written and not freed; and its node decoder against
+//! any bytes.
+
+use proptest::prelude::*;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
+use wbstack::fs::btree::node::Node;
+use wbstack::fs::btree::{ChildPtr, NodeStore, Tree, TreeError, TreeResult};
+
+const FS_ID: u64 = 0x5eed;
+/// Small nodes: a few hundred entries make a tree four or five levels deep.
+const NODE: usize = 512;
+
+#[derive(Default)]
+struct MemStore {
+    blocks: RefCell<HashMap<u64, Vec<u8>>>,
+}
+
+impl NodeStore for MemStore {
+    fn read(&self, block: u64) -> TreeResult<Vec<u8>> {
+        self.blocks
+            .borrow()
+            .get(&block)
+            .cloned()
+            .ok_or(TreeError::Io {
+                block,
+                why: "never written".into(),
+            })
+    }
+}
+
+/// The tree, its store, and the block bookkeeping a filesystem would do: blocks freed
+/// by a write are reused only by the write after it (once the root that stopped using
+/// them is durable).
+struct Harness {
+    tree: Tree,
+    store: MemStore,
+    next_block: u64,
+    reusable: Vec<u64>,
+    live: BTreeSet<u64>,
+    seq: u64,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        Harness {
+            tree: Tree::new(FS_ID, NODE),
+            store: MemStore::default(),
+            next_block: 100,
+            reusable: Vec::new(),
+            live: BTreeSet::new(),
+            seq: 0,
+        }
+    }
+
+    fn write(&mut self, reopen: bool) {
+        self.seq += 1;
+        let reusable = &mut self.reusable;
+        let next = &mut self.next_block;
+        let w = self
+            .tree
+            .write_dirty(self.seq, &mut || {
+                Ok(reusable.pop().unwrap_or_else(|| {
+                    *next += 1;
+                    *next
+                }))
+            })
+            .unwrap();
+        for (b, bytes) in &w.writes {
+            assert_eq!(bytes.len(), NODE);
+            assert!(self.live.insert(*b), "block {b} written while in use");
+            self.store.blocks.borrow_mut().insert(*b, bytes.clone());
+        }
+        for b in &w.freed {
+            assert!(self.live.remove(b), "freed block {b} was not in use");
+        }
+        self.reusable.extend(w.freed);
+        assert!(!self.tree.is_dirty());
+        let held: BTreeSet<u64> = self.tree.check(&self.store).unwrap().into_iter().collect();
+        assert_eq!(held, self.live, "the tree holds exactly the live blocks");
+        if reopen {
+            self.tree = Tree::open(FS_ID, NODE, w.root).unwrap();
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(Vec<u8>, Vec<u8>),
+    Remove(Vec<u8>),
+    Range(Vec<u8>, Vec<u8>),
+    Write { reopen: bool },
+}
+
+fn key() -> impl Strategy<Value = Vec<u8>> {
+    // A small alphabet: keys collide, share prefixes and sort in interesting ways.
+    prop::collection::vec(prop::sample::select(vec![0u8, 1, 2, 0x7f, 0xff]), 1..6)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (key(), prop::collection::vec(any::<u8>(), 0..40)).prop_map(|(k, v)| Op::Insert(k, v)),
+        3 => key().prop_map(Op::Remove),
+        1 => (key(), key()).prop_map(|(a, b)| Op::Range(a, b)),
+        1 => any::<bool>().prop_map(|reopen| Op::Write { reopen }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+
+    #[test]
+    fn the_tree_behaves_as_a_btreemap_across_writes_and_reopens(ops in prop::collection::vec(op(), 1..400)) {
+        let mut h = Harness::new();
+        let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for o in ops {
+            match o {
+                Op::Insert(k, v) => {
+                    prop_assert_eq!(h.tree.insert(&h.store, &k, &v).unwrap(), model.insert(k, v));
+                }
+                Op::Remove(k) => {
+                    prop_assert_eq!(h.tree.remove(&h.store, &k).unwrap(), model.remove(&k));
+                }
+                Op::Range(a, b) => {
+                    let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+                    let got = h.tree.range(&h.store, Bound::Included(&lo), Bound::Excluded(&hi)).unwrap();
+                    let want: Vec<_> = model.range(lo.clone()..hi.clone()).map(|(k, v)| (k.clone(), v.clone())).collect();
+                    prop_assert_eq!(got, want);
+                }
+                Op::Write { reopen } => h.write(reopen),
+            }
+        }
+        let all = h.tree.range(&h.store, Bound::Unbounded, Bound::Unbounded).unwrap();
+        let want: Vec<_> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        prop_assert_eq!(all, want);
+        for (k, v) in &model {
+            let got = h.tree.get(&h.store, k).unwrap();
+            prop_assert_eq!(got.as_ref(), Some(v));
+        }
+        h.write(true);
+        prop_assert!(h.tree.check(&h.store).is_ok());
+    }
+
+    /// Any bytes decode to a node or an error, never a panic; and a real node with one
+    /// byte changed is refused (its checksum, or its parent's copy of it).
+    #[test]
+    fn the_node_decoder_is_total(bytes in prop::collection::vec(any::<u8>(), 0..700),
+                                 block in 0u64..4, level in 0u8..3) {
+        let expect = ChildPtr { block, crc: 0, seq: 1 };
+        let _ = Node::decode(&bytes, FS_ID, &expect, level);
+        let mut fixed = bytes.clone();
+        if fixed.len() >= 8 {
+            let c = wbstack::fs::format::crc(&fixed[8..]);
+            fixed[4..8].copy_from_slice(&c.to_le_bytes());
+            let expect = ChildPtr { block, crc: c, seq: 1 };
+            let _ = Node::decode(&fixed, FS_ID, &expect, level);
+        }
+    }
+
+    #[test]
+    fn a_changed_byte_in_a_node_is_refused(flip in 0usize..NODE, bit in 0u8..8) {
+        let mut h = Harness::new();
+        for i in 0..20u8 {
+            h.tree.insert(&h.store, &[b'k', i], &[i; 9]).unwrap();
+        }
+        h.write(true);
+        let root_block = *h.live.iter().next().unwrap();
+        h.store.blocks.borrow_mut().get_mut(&root_block).unwrap()[flip] ^= 1 << bit;
+        prop_assert!(h.tree.get(&h.store, b"k\x01").is_err());
+        prop_assert!(h.tree.check(&h.store).is_err());
+    }
+}
+
+#[test]
+fn many_entries_grow_the_tree_and_removing_them_all_empties_it() {
+    let mut h = Harness::new();
+    let key = |i: u32| format!("key-{i:08}").into_bytes();
+    for i in 0..3000 {
+        h.tree.insert(&h.store, &key(i), &i.to_le_bytes()).unwrap();
+        if i % 500 == 0 {
+            h.write(i % 1000 == 0);
+        }
+    }
+    h.write(true);
+    assert!(
+        h.live.len() > 100,
+        "{} nodes for 3000 entries",
+        h.live.len()
+    );
+    assert_eq!(
+        h.tree.get(&h.store, &key(1234)).unwrap(),
+        Some(1234u32.to_le_bytes().to_vec())
+    );
+    // A range scan visits only the nodes it needs and stops where asked.
+    let mut seen = 0;
+    h.tree
+        .for_each(
+            &h.store,
+            Bound::Included(&key(100)),
+            Bound::Unbounded,
+            &mut |_, _| {
+                seen += 1;
+                seen < 10
+            },
+        )
+        .unwrap();
+    assert_eq!(seen, 10);
+    for i in (0..3000).rev() {
+        assert!(
+            h.tree.remove(&h.store, &key(i)).unwrap().is_some(),
+            "key {i}"
+        );
+        if i % 700 == 0 {
+            h.write(true);
+        }
+    }
+    h.write(true);
+    assert!(h.live.is_empty(), "every node freed: {:?}", h.live);
+    assert_eq!(
+        h.tree
+            .range(&h.store, Bound::Unbounded, Bound::Unbounded)
+            .unwrap(),
+        vec![]
+    );
+}
+
+#[test]
+fn entries_too_big_for_a_node_and_empty_keys_are_refused() {
+    let mut h = Harness::new();
+    let max = wbstack::fs::btree::max_entry(NODE);
+    assert!(matches!(
+        h.tree.insert(&h.store, b"k", &vec![0; max]),
+        Err(TreeError::TooBig { .. })
+    ));
+    assert!(h.tree.insert(&h.store, b"k", &vec![0; max - 1]).is_ok());
+    assert!(matches!(
+        h.tree.insert(&h.store, b"", b"v"),
+        Err(TreeError::EmptyKey)
+    ));
+}
+
+#[test]
+fn a_stale_node_at_a_reused_block_is_caught() {
+    // Write a tree, keep its root pointer, rewrite the tree so the old root's block is
+    // freed and reused: reading through the old pointer must fail, not return the
+    // new node's content as if it were the old one.
+    let mut h = Harness::new();
+    for i in 0..5u8 {
+        h.tree.insert(&h.store, &[i + 1], &[i]).unwrap();
+    }
+    h.seq += 1;
+    let next = &mut h.next_block;
+    let w1 = h
+        .tree
+        .write_dirty(h.seq, &mut || {
+            *next += 1;
+            Ok(*next)
+        })
+        .unwrap();
+    for (b, bytes) in &w1.writes {
+        h.store.blocks.borrow_mut().insert(*b, bytes.clone());
+    }
+    h.tree.insert(&h.store, b"\x09", b"new").unwrap();
+    let old_block = w1.root.unwrap().ptr.block;
+    let w2 = h
+        .tree
+        .write_dirty(h.seq + 1, &mut || Ok(old_block))
+        .unwrap();
+    assert_eq!(w2.freed, vec![old_block]);
+    for (b, bytes) in &w2.writes {
+        h.store.blocks.borrow_mut().insert(*b, bytes.clone());
+    }
+    let stale = Tree::open(FS_ID, NODE, w1.root).unwrap();
+    assert!(stale.get(&h.store, &[1]).is_err());
+    let fresh = Tree::open(FS_ID, NODE, w2.root).unwrap();
+    assert_eq!(fresh.get(&h.store, b"\x09").unwrap(), Some(b"new".to_vec()));
+}
