@@ -97,6 +97,11 @@ impl Inode {
         }
     }
 
+    /// An inode read back from the metadata tree (times and the rest set by the caller).
+    pub(super) fn new_loaded(kind: InodeKind, mode: u32, uid: u32, gid: u32) -> Inode {
+        Inode::new(kind, mode, uid, gid, 0)
+    }
+
     /// Bytes this inode adds to the image's extras section (v2: rdev and xattrs).
     fn extra_bytes(&self) -> u64 {
         if self.rdev == 0 && self.xattrs.is_empty() {
@@ -174,6 +179,33 @@ pub struct Meta {
     /// operation that would make it outgrow its slot is refused up front instead of
     /// jamming the journal.
     image_bytes: u64,
+    /// What `apply` changed since `take_changes`, when tracked (`track_changes`): what
+    /// an incremental checkpoint writes into the metadata tree (`fs::metatree`).
+    changes: Option<Box<Changes>>,
+}
+
+/// The keys of the durable state that records changed: each names a piece of metadata
+/// whose current value (or absence) the next checkpoint writes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// An inode's own fields (kind, mode, owner, links, size, times, rdev).
+    pub inodes: BTreeSet<u64>,
+    /// (inode, file block) of an extent.
+    pub extents: BTreeSet<(u64, u64)>,
+    /// (directory, name) of an entry.
+    pub dirents: BTreeSet<(u64, Vec<u8>)>,
+    pub targets: BTreeSet<u64>,
+    /// (inode, name) of an extended attribute.
+    pub xattrs: BTreeSet<(u64, Vec<u8>)>,
+    pub orphans: BTreeSet<u64>,
+    /// Inodes deleted: every key of theirs goes.
+    pub deleted: BTreeSet<u64>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        *self == Changes::default()
+    }
 }
 
 // ino, kind, mode/uid/gid/links, size and three times, then the extent count, entry
@@ -195,6 +227,7 @@ impl Meta {
             orphans: BTreeSet::new(),
             alloc: Allocator::new(FreeSpace::new(data_start, nr_blocks)),
             image_bytes: 0,
+            changes: None,
         };
         m.inodes.insert(ROOT_INO, Box::new(root));
         m.image_bytes = m.encode_image().len() as u64 - m.free_bytes();
@@ -225,8 +258,64 @@ impl Meta {
             .ok_or_else(|| MetaError(format!("inode {ino} does not exist")))
     }
 
+    /// Record from now on which keys `apply` changes (off: nothing is kept).
+    pub fn track_changes(&mut self, on: bool) {
+        self.changes = on.then(Box::default);
+    }
+
+    /// The keys changed since the last call (or since tracking began).
+    pub fn take_changes(&mut self) -> Changes {
+        self.changes
+            .as_mut()
+            .map(|c| std::mem::take(&mut **c))
+            .unwrap_or_default()
+    }
+
     /// Apply one record. On error nothing of the record is applied.
     pub fn apply(&mut self, rec: &Record, mode: ApplyMode) -> Result<(), MetaError> {
+        self.apply_record(rec, mode)?;
+        if let Some(c) = self.changes.as_deref_mut() {
+            match rec {
+                Record::Create { ino, .. }
+                | Record::SetSize { ino, .. }
+                | Record::SetAttr { ino, .. }
+                | Record::SetRdev { ino, .. } => {
+                    c.inodes.insert(*ino);
+                }
+                Record::Link { parent, name, ino } | Record::Unlink { parent, name, ino } => {
+                    c.inodes.insert(*ino);
+                    c.dirents.insert((*parent, name.clone()));
+                }
+                Record::Truncate { ino, .. } => {
+                    c.inodes.insert(*ino);
+                }
+                Record::SetTarget { ino, .. } => {
+                    c.targets.insert(*ino);
+                }
+                Record::Orphan { ino } => {
+                    c.orphans.insert(*ino);
+                }
+                Record::Delete { ino } => {
+                    c.deleted.insert(*ino);
+                    c.orphans.insert(*ino);
+                }
+                Record::SetXattr { ino, name, .. } | Record::RemoveXattr { ino, name } => {
+                    c.xattrs.insert((*ino, name.clone()));
+                }
+                // Extents are noted where they change (in `apply_record`).
+                Record::MapExtent { .. } | Record::DataBlock { .. } | Record::Revoke { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn note_extent(&mut self, ino: u64, fb: u64) {
+        if let Some(c) = self.changes.as_deref_mut() {
+            c.extents.insert((ino, fb));
+        }
+    }
+
+    fn apply_record(&mut self, rec: &Record, mode: ApplyMode) -> Result<(), MetaError> {
         match rec {
             Record::Create {
                 ino,
@@ -326,6 +415,9 @@ impl Meta {
                     }
                 }
                 self.free_blocks(freed.iter().map(|&(_, s, l)| (s, l)), mode)?;
+                for &(f, _, _) in &freed {
+                    self.note_extent(*ino, f);
+                }
                 let i = self.get_mut(*ino)?;
                 for (f, _, _) in &freed {
                     i.extents.remove(f);
@@ -402,6 +494,10 @@ impl Meta {
                 }
                 i.extents.insert(f0, (s0, l0));
                 self.image_bytes = self.image_bytes + EXTENT_BYTES - merged * EXTENT_BYTES;
+                // The merged run's key, and the keys of the runs it swallowed.
+                self.note_extent(ino, f0);
+                self.note_extent(ino, fb);
+                self.note_extent(ino, fb + len);
             }
             Record::SetTarget { ino, target } => {
                 let i = self.get_mut(*ino)?;
@@ -724,8 +820,76 @@ impl Meta {
             orphans,
             alloc: Allocator::new(space),
             image_bytes: 0,
+            changes: None,
         };
         m.image_bytes = buf.len() as u64 - nf * FREE_EXTENT_BYTES + if v1 { 8 } else { 0 };
+        Ok(m)
+    }
+
+    /// The metadata from its parts as the tree holds them (`fs::metatree::load`):
+    /// directories' parents and subdirectory counts derived from the entries, the free
+    /// space the data area less every extent and the tree's own node blocks (`used`).
+    pub(super) fn assemble(
+        mut inodes: HashMap<u64, Box<Inode>>,
+        next_ino: u64,
+        orphans: BTreeSet<u64>,
+        used: &[u64],
+        data_start: u64,
+        nr_blocks: u64,
+    ) -> Result<Meta, MetaError> {
+        let mut parents = Vec::new();
+        let mut taken: Vec<(u64, u64)> = used.iter().map(|&b| (b, 1)).collect();
+        for (&ino, i) in &inodes {
+            let mut file_end = 0;
+            for (&f, &(s, l)) in &i.extents {
+                if f < file_end {
+                    return bad(format!(
+                        "inode {ino} maps file block {f} twice (overlapping extents)"
+                    ));
+                }
+                file_end = f + l;
+                taken.push((s, l));
+            }
+            parents.extend(i.entries.values().map(|&c| (c, ino)));
+        }
+        for (c, p) in parents {
+            if inodes.get(&c).is_some_and(|ci| ci.is_dir()) {
+                inodes.get_mut(&c).expect("found").parent = p;
+                if let Some(pi) = inodes.get_mut(&p) {
+                    pi.subdirs += 1;
+                }
+            }
+        }
+        if let Some(root) = inodes.get_mut(&ROOT_INO) {
+            root.parent = ROOT_INO;
+        }
+        taken.sort_unstable();
+        let mut free = Vec::new();
+        let mut at = data_start;
+        for (s, l) in taken {
+            if s < at || s.checked_add(l).is_none_or(|e| e > nr_blocks) {
+                return bad(format!(
+                    "blocks {s}..+{l} lie outside the data area or are used twice"
+                ));
+            }
+            if s > at {
+                free.push((at, s - at));
+            }
+            at = s + l;
+        }
+        if nr_blocks > at {
+            free.push((at, nr_blocks - at));
+        }
+        let space = FreeSpace::from_extents(data_start, nr_blocks, free)?;
+        let mut m = Meta {
+            inodes,
+            next_ino,
+            orphans,
+            alloc: Allocator::new(space),
+            image_bytes: 0,
+            changes: None,
+        };
+        m.image_bytes = m.encode_image().len() as u64 - m.free_bytes();
         Ok(m)
     }
 

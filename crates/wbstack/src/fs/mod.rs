@@ -6,6 +6,7 @@
 //! - `alloc`: free space as an extent map; reservations, goal cursor, deferred frees.
 //! - `extents`: an inode's extent map (inline while it holds one extent).
 //! - `icache`: the inode cache (mappings of files, evicted past a limit when at rest).
+//! - `metatree`: the metadata as keys of the B+tree (schema, incremental ops, load).
 //! - `meta`: the durable metadata and the one `apply` that both live operations and
 //!   journal replay use; fsck's invariant checks.
 //! - `volume`: the mounted filesystem, namespace operations, delayed allocation.
@@ -28,6 +29,7 @@ mod icache;
 mod jdata;
 pub mod journal;
 pub mod meta;
+pub mod metatree;
 pub mod ops;
 pub mod perm;
 pub mod tunables;

@@ -1,0 +1,439 @@
+//! The metadata as keys of the B+tree (`fs::btree`): the schema, the tree operations
+//! that bring the tree up to date with what `Meta::apply` changed (`ops`), and the
+//! metadata rebuilt from a tree (`load`). Issue 16, step 2's groundwork: the volume
+//! still checkpoints the whole image; nothing here is on disk yet.
+//!
+//! Keys sort as bytes; numbers in keys are big-endian so they sort as numbers, and all
+//! of one inode's keys sit together (one leaf serves a stat, a short extent list or a
+//! small directory):
+//! - `00` → filesystem record: next inode number
+//! - `01 ino 00` → the inode's own fields
+//! - `01 ino 01 chunk` → symlink target, in chunks
+//! - `01 ino 02 fblock` → extent: device block, length
+//! - `01 ino 03 hash name` → directory entry: inode. `hash` is a seeded 64-bit hash of
+//!   the name, so a directory's entries are in hash order: a lookup is one descent, and
+//!   the hash is a readdir cookie that stays valid across creates and deletes (as
+//!   ext4's htree)
+//! - `01 ino 04 name 00 chunk` → extended attribute value, in chunks
+//! - `02 ino` → orphan
+//!
+//! Values are little-endian, like the rest of the format. Every decoder is total.
+
+use super::btree::{NodeStore, Tree, TreeError, TreeResult};
+use super::format::{InodeKind, XATTR_SIZE_MAX};
+use super::meta::{valid_name, Changes, Inode, Meta, MetaError, ROOT_INO, TARGET_MAX};
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound;
+
+const FS_RECORD: u8 = 0x00;
+const INODE_SPACE: u8 = 0x01;
+const ORPHAN_SPACE: u8 = 0x02;
+const CORE: u8 = 0x00;
+const TARGET: u8 = 0x01;
+const EXTENT: u8 = 0x02;
+const DIRENT: u8 = 0x03;
+const XATTR: u8 = 0x04;
+/// Bytes of a target or attribute value per key: well under the largest entry of a
+/// 4 KiB node.
+pub const CHUNK: usize = 768;
+
+/// A change to make to the tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TreeOp {
+    Put(Vec<u8>, Vec<u8>),
+    Del(Vec<u8>),
+    /// Every key starting with this prefix.
+    DelPrefix(Vec<u8>),
+}
+
+fn inode_prefix(ino: u64, space: u8) -> Vec<u8> {
+    let mut k = Vec::with_capacity(32);
+    k.push(INODE_SPACE);
+    k.extend_from_slice(&ino.to_be_bytes());
+    k.push(space);
+    k
+}
+
+fn core_key(ino: u64) -> Vec<u8> {
+    inode_prefix(ino, CORE)
+}
+
+fn extent_key(ino: u64, fb: u64) -> Vec<u8> {
+    let mut k = inode_prefix(ino, EXTENT);
+    k.extend_from_slice(&fb.to_be_bytes());
+    k
+}
+
+/// FNV-1a over the seed and the name, with the top bit cleared and never 0 or 1, so a
+/// readdir cookie of 0 or 1 (the start, and `.`) is never a name's.
+pub fn name_hash(seed: u64, name: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in seed.to_le_bytes().iter().chain(name) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h >> 1).max(2)
+}
+
+fn dirent_key(seed: u64, dir: u64, name: &[u8]) -> Vec<u8> {
+    let mut k = inode_prefix(dir, DIRENT);
+    k.extend_from_slice(&name_hash(seed, name).to_be_bytes());
+    k.extend_from_slice(name);
+    k
+}
+
+fn xattr_prefix(ino: u64, name: &[u8]) -> Vec<u8> {
+    let mut k = inode_prefix(ino, XATTR);
+    k.extend_from_slice(name);
+    k.push(0);
+    k
+}
+
+fn orphan_key(ino: u64) -> Vec<u8> {
+    let mut k = vec![ORPHAN_SPACE];
+    k.extend_from_slice(&ino.to_be_bytes());
+    k
+}
+
+fn encode_core(i: &Inode) -> Vec<u8> {
+    let mut v = Vec::with_capacity(53);
+    v.push(i.kind as u8);
+    for x in [i.mode, i.uid, i.gid, i.links] {
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    for x in [i.size, i.atime_ns, i.mtime_ns, i.ctime_ns] {
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.extend_from_slice(&i.rdev.to_le_bytes());
+    v
+}
+
+/// Put a chunked value under `prefix` (keys `prefix chunk`), after deleting the old.
+fn put_chunks(ops: &mut Vec<TreeOp>, prefix: Vec<u8>, value: Option<&[u8]>) {
+    ops.push(TreeOp::DelPrefix(prefix.clone()));
+    let Some(value) = value else { return };
+    // An empty value is one empty chunk, so it still exists.
+    let chunks: Vec<&[u8]> = if value.is_empty() {
+        vec![&[]]
+    } else {
+        value.chunks(CHUNK).collect()
+    };
+    for (n, c) in chunks.into_iter().enumerate() {
+        let mut k = prefix.clone();
+        k.push(n as u8);
+        ops.push(TreeOp::Put(k, c.to_vec()));
+    }
+}
+
+/// The tree operations that bring a tree holding the state before `ch` to `meta`'s.
+/// Costs what changed, not what exists.
+pub fn ops(meta: &Meta, ch: &Changes, seed: u64) -> Vec<TreeOp> {
+    let mut ops = Vec::new();
+    ops.push(TreeOp::Put(
+        vec![FS_RECORD],
+        meta.next_ino.to_le_bytes().to_vec(),
+    ));
+    for &ino in &ch.deleted {
+        let mut p = vec![INODE_SPACE];
+        p.extend_from_slice(&ino.to_be_bytes());
+        ops.push(TreeOp::DelPrefix(p));
+    }
+    let live = |ino: u64| meta.inodes.get(&ino);
+    for &ino in &ch.inodes {
+        match live(ino) {
+            Some(i) => ops.push(TreeOp::Put(core_key(ino), encode_core(i))),
+            None => ops.push(TreeOp::Del(core_key(ino))),
+        }
+    }
+    for &(ino, fb) in &ch.extents {
+        match live(ino).and_then(|i| i.extents.get(&fb)) {
+            Some(&(s, l)) => {
+                let mut v = s.to_le_bytes().to_vec();
+                v.extend_from_slice(&l.to_le_bytes());
+                ops.push(TreeOp::Put(extent_key(ino, fb), v));
+            }
+            None => ops.push(TreeOp::Del(extent_key(ino, fb))),
+        }
+    }
+    for (dir, name) in &ch.dirents {
+        let key = dirent_key(seed, *dir, name);
+        match live(*dir).and_then(|d| d.entries.get(name)) {
+            Some(c) => ops.push(TreeOp::Put(key, c.to_le_bytes().to_vec())),
+            None => ops.push(TreeOp::Del(key)),
+        }
+    }
+    for &ino in &ch.targets {
+        // A symlink's target is empty only between its create and its SetTarget.
+        let t = live(ino)
+            .filter(|i| i.kind == InodeKind::Symlink && !i.target.is_empty())
+            .map(|i| i.target.as_slice());
+        put_chunks(&mut ops, inode_prefix(ino, TARGET), t);
+    }
+    for (ino, name) in &ch.xattrs {
+        let v = live(*ino)
+            .and_then(|i| i.xattrs.get(name))
+            .map(Vec::as_slice);
+        put_chunks(&mut ops, xattr_prefix(*ino, name), v);
+    }
+    for &ino in &ch.orphans {
+        if meta.orphans.contains(&ino) {
+            ops.push(TreeOp::Put(orphan_key(ino), Vec::new()));
+        } else {
+            ops.push(TreeOp::Del(orphan_key(ino)));
+        }
+    }
+    ops
+}
+
+/// Every key of `meta`, as changes from an empty tree (mkfs, or an older image's first
+/// tree).
+pub fn all_changes(meta: &Meta) -> Changes {
+    let mut c = Changes::default();
+    for (&ino, i) in &meta.inodes {
+        c.inodes.insert(ino);
+        c.extents.extend(i.extents.iter().map(|(&f, _)| (ino, f)));
+        c.dirents.extend(i.entries.keys().map(|n| (ino, n.clone())));
+        if i.kind == InodeKind::Symlink {
+            c.targets.insert(ino);
+        }
+        c.xattrs.extend(i.xattrs.keys().map(|n| (ino, n.clone())));
+    }
+    c.orphans.extend(meta.orphans.iter().copied());
+    c
+}
+
+/// Apply `ops` to the tree, in order.
+pub fn apply(tree: &mut Tree, store: &dyn NodeStore, ops: &[TreeOp]) -> TreeResult<()> {
+    for op in ops {
+        match op {
+            TreeOp::Put(k, v) => {
+                tree.insert(store, k, v)?;
+            }
+            TreeOp::Del(k) => {
+                tree.remove(store, k)?;
+            }
+            TreeOp::DelPrefix(p) => {
+                let mut keys = Vec::new();
+                tree.for_each(store, Bound::Included(p), Bound::Unbounded, &mut |k, _| {
+                    let inside = k.starts_with(p);
+                    if inside {
+                        keys.push(k.to_vec());
+                    }
+                    inside
+                })?;
+                for k in keys {
+                    tree.remove(store, &k)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{0}")]
+    Tree(#[from] TreeError),
+    #[error("{0}")]
+    Meta(#[from] MetaError),
+}
+
+fn corrupt(m: String) -> LoadError {
+    LoadError::Meta(MetaError(m))
+}
+
+fn be64(b: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?))
+}
+
+fn le64(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn le32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// The metadata a tree holds. `used` are blocks the tree's own nodes take, so the free
+/// space is the data area less them and every extent. Checks what decoding needs (key
+/// shapes, hashes, names, chunk order); `Meta::check` finds the rest.
+pub fn load(
+    tree: &Tree,
+    store: &dyn NodeStore,
+    seed: u64,
+    used: &[u64],
+    data_start: u64,
+    nr_blocks: u64,
+) -> Result<Meta, LoadError> {
+    let mut next_ino = None;
+    let mut inodes: HashMap<u64, Box<Inode>> = HashMap::new();
+    let mut entries: Vec<(u64, Vec<u8>, u64)> = Vec::new();
+    let mut extents: Vec<(u64, u64, u64, u64)> = Vec::new();
+    let mut targets: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut xattrs: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut orphans = BTreeSet::new();
+    let mut err: Option<LoadError> = None;
+    // The chunk expected next for the value being assembled (target or xattr).
+    let mut chunk_at: Option<(Vec<u8>, u8)> = None;
+    tree.for_each(store, Bound::Unbounded, Bound::Unbounded, &mut |k, v| {
+        let r = (|| -> Result<(), LoadError> {
+            match k.first() {
+                Some(&FS_RECORD) if k.len() == 1 => {
+                    next_ino = Some(
+                        le64(v, 0).ok_or_else(|| corrupt("a short filesystem record".into()))?,
+                    );
+                }
+                Some(&ORPHAN_SPACE) if k.len() == 9 => {
+                    orphans.insert(be64(&k[1..]).expect("9 bytes"));
+                }
+                Some(&INODE_SPACE) if k.len() >= 10 => {
+                    let ino = be64(&k[1..]).expect("10 bytes");
+                    let rest = &k[10..];
+                    match k[9] {
+                        CORE if rest.is_empty() => {
+                            let kind = v
+                                .first()
+                                .copied()
+                                .ok_or_else(|| corrupt(format!("inode {ino}: an empty record")))?;
+                            let kind = InodeKind::from_u8(kind).map_err(|_| {
+                                corrupt(format!("inode {ino} has unknown kind {kind}"))
+                            })?;
+                            let f = |at| {
+                                le32(v, at)
+                                    .ok_or_else(|| corrupt(format!("inode {ino}: a short record")))
+                            };
+                            let g = |at| {
+                                le64(v, at)
+                                    .ok_or_else(|| corrupt(format!("inode {ino}: a short record")))
+                            };
+                            let mut i = Inode::new_loaded(kind, f(1)?, f(5)?, f(9)?);
+                            i.links = f(13)?;
+                            i.size = g(17)?;
+                            i.atime_ns = g(25)?;
+                            i.mtime_ns = g(33)?;
+                            i.ctime_ns = g(41)?;
+                            i.rdev = f(49)?;
+                            if v.len() != 53 {
+                                return Err(corrupt(format!(
+                                    "inode {ino}: a record of {} bytes",
+                                    v.len()
+                                )));
+                            }
+                            inodes.insert(ino, Box::new(i));
+                        }
+                        EXTENT if rest.len() == 8 => {
+                            let fb = be64(rest).expect("8 bytes");
+                            let (Some(s), Some(l)) = (le64(v, 0), le64(v, 8)) else {
+                                return Err(corrupt(format!("inode {ino}: a short extent")));
+                            };
+                            if v.len() != 16
+                                || l == 0
+                                || fb.checked_add(l).is_none()
+                                || s.checked_add(l).is_none()
+                            {
+                                return Err(corrupt(format!(
+                                    "inode {ino} has a bad extent at file block {fb}"
+                                )));
+                            }
+                            extents.push((ino, fb, s, l));
+                        }
+                        DIRENT if rest.len() > 8 => {
+                            let name = &rest[8..];
+                            if !valid_name(name) || be64(rest) != Some(name_hash(seed, name)) {
+                                return Err(corrupt(format!(
+                                    "directory {ino} has an invalid entry"
+                                )));
+                            }
+                            let c = le64(v, 0)
+                                .filter(|_| v.len() == 8)
+                                .ok_or_else(|| corrupt(format!("directory {ino}: a bad entry")))?;
+                            entries.push((ino, name.to_vec(), c));
+                        }
+                        TARGET if rest.len() == 1 => {
+                            let t = targets.entry(ino).or_default();
+                            let want = if t.is_empty() {
+                                0
+                            } else {
+                                t.len().div_ceil(CHUNK) as u8
+                            };
+                            if rest[0] != want || t.len() + v.len() > TARGET_MAX {
+                                return Err(corrupt(format!("symlink {ino}: a bad target chunk")));
+                            }
+                            t.extend_from_slice(v);
+                        }
+                        XATTR if rest.len() >= 2 && rest[rest.len() - 2] == 0 => {
+                            let name = &rest[..rest.len() - 2];
+                            let n = rest[rest.len() - 1];
+                            let same = chunk_at
+                                .as_ref()
+                                .is_some_and(|(p, _)| p.as_slice() == &k[..k.len() - 1]);
+                            if n == 0 {
+                                xattrs.push((ino, name.to_vec(), v.to_vec()));
+                                chunk_at = Some((k[..k.len() - 1].to_vec(), 1));
+                            } else if same && chunk_at.as_ref().is_some_and(|(_, want)| *want == n)
+                            {
+                                let x = xattrs.last_mut().expect("chunk 0 came first");
+                                if x.2.len() + v.len() > XATTR_SIZE_MAX {
+                                    return Err(corrupt(format!(
+                                        "inode {ino} has an oversized extended attribute"
+                                    )));
+                                }
+                                x.2.extend_from_slice(v);
+                                chunk_at = Some((k[..k.len() - 1].to_vec(), n.wrapping_add(1)));
+                            } else {
+                                return Err(corrupt(format!(
+                                    "inode {ino}: an extended attribute chunk out of order"
+                                )));
+                            }
+                        }
+                        _ => return Err(corrupt(format!("an unknown key {k:02x?}"))),
+                    }
+                }
+                _ => return Err(corrupt(format!("an unknown key {k:02x?}"))),
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                err = Some(e);
+                false
+            }
+        }
+    })?;
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let next_ino = next_ino.ok_or_else(|| corrupt("no filesystem record".into()))?;
+    let orphan_of = |ino: u64| format!("inode {ino}, which does not exist");
+    for (ino, fb, s, l) in extents {
+        let i = inodes
+            .get_mut(&ino)
+            .ok_or_else(|| corrupt(format!("an extent of {}", orphan_of(ino))))?;
+        i.extents.insert(fb, (s, l));
+    }
+    for (dir, name, c) in entries {
+        let d = inodes
+            .get_mut(&dir)
+            .ok_or_else(|| corrupt(format!("an entry of {}", orphan_of(dir))))?;
+        d.entries.insert(name, c);
+    }
+    for (ino, t) in targets {
+        let i = inodes
+            .get_mut(&ino)
+            .ok_or_else(|| corrupt(format!("a target of {}", orphan_of(ino))))?;
+        i.target = t;
+    }
+    for (ino, name, v) in xattrs {
+        let i = inodes
+            .get_mut(&ino)
+            .ok_or_else(|| corrupt(format!("an attribute of {}", orphan_of(ino))))?;
+        i.xattrs.insert(name, v);
+    }
+    if !inodes.contains_key(&ROOT_INO) {
+        return Err(corrupt("the root directory is missing".into()));
+    }
+    Ok(Meta::assemble(
+        inodes, next_ino, orphans, used, data_start, nr_blocks,
+    )?)
+}
