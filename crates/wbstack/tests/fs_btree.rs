@@ -278,3 +278,50 @@ fn a_stale_node_at_a_reused_block_is_caught() {
     let fresh = Tree::open(FS_ID, NODE, w2.root).unwrap();
     assert_eq!(fresh.get(&h.store, b"\x09").unwrap(), Some(b"new".to_vec()));
 }
+
+#[test]
+fn nodes_on_a_device_are_read_once_then_from_a_bounded_cache() {
+    use wbstack::block::{QueueConfig, RequestQueue};
+    use wbstack::fs::btree::store::DeviceStore;
+    let q = RequestQueue::open("sim:ssd,size=64M", QueueConfig::default()).unwrap();
+    let area = 100..16384;
+    let store = DeviceStore::new(q.clone(), 4096, area.clone(), 64 * 4096);
+    let mut tree = Tree::new(FS_ID, 4096);
+    for i in 0..2000u32 {
+        tree.insert(&store, format!("k{i:06}").as_bytes(), &[7; 40])
+            .unwrap();
+    }
+    let mut next = 100;
+    let w = tree
+        .write_dirty(1, &mut || {
+            next += 1;
+            Ok(next)
+        })
+        .unwrap();
+    store.write(&w.writes).unwrap();
+    let reads = || q.diskstats().ios[0];
+    let before = reads();
+    // Written nodes are cached as written: a lookup reads nothing.
+    let t = Tree::open(FS_ID, 4096, w.root).unwrap();
+    assert_eq!(t.get(&store, b"k001234").unwrap(), Some(vec![7; 40]));
+    assert_eq!(reads(), before);
+    // A cold store reads each node once, then serves the walk from memory.
+    let cold = DeviceStore::new(q.clone(), 4096, area.clone(), 1 << 20);
+    let nodes = t.check(&cold).unwrap().len() as u64;
+    assert_eq!(nodes, w.writes.len() as u64);
+    assert_eq!(reads() - before, nodes);
+    t.check(&cold).unwrap();
+    assert_eq!(reads() - before, nodes, "the second walk hit the cache");
+    assert_eq!(cold.stats().misses, nodes);
+    // The cache stays under its bound.
+    let small = DeviceStore::new(q.clone(), 4096, area.clone(), 8 * 4096);
+    t.check(&small).unwrap();
+    assert!(
+        small.stats().cached_bytes <= 8 * 4096,
+        "{:?}",
+        small.stats()
+    );
+    // A pointer outside the area is refused without a read.
+    let stray = DeviceStore::new(q.clone(), 4096, 200..300, 1 << 20);
+    assert!(stray.read(50).is_err());
+}

@@ -20,6 +20,7 @@
 //! blocks once the new root is durable.
 
 pub mod node;
+pub mod store;
 
 pub use node::{max_entry, ChildPtr, Entries, Link, Node, MAX_LEVEL};
 

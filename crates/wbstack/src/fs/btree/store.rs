@@ -1,0 +1,197 @@
+//! The tree's nodes on the volume's device: read through the block layer (so metadata
+//! reads count in diskstats and wbt sees them, as the kernel's buffer cache reads do),
+//! with a bounded cache of node bytes in front, so a checkpoint touching a path again
+//! reads it from memory. Written nodes enter the cache as they are written; a node
+//! block given back to the allocator leaves it.
+
+use super::{NodeStore, TreeError, TreeResult};
+use crate::block::{BioFlags, RequestQueue};
+use crate::buf::IoBuf;
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::Arc;
+
+const SECTOR: u64 = 512;
+
+pub struct DeviceStore {
+    q: Arc<RequestQueue>,
+    node_size: usize,
+    /// Blocks a node may live in (the data area): a pointer elsewhere is corruption.
+    area: Range<u64>,
+    cache: Mutex<NodeCache>,
+}
+
+/// Cache counters (`DeviceStore::stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub cached_bytes: u64,
+}
+
+struct NodeCache {
+    map: HashMap<u64, Slot>,
+    /// Second-chance order, oldest first: (block, gen); stale entries are skipped.
+    queue: VecDeque<(u64, u64)>,
+    next_gen: u64,
+    bytes: usize,
+    limit_bytes: usize,
+    stats: StoreStats,
+}
+
+struct Slot {
+    bytes: Arc<Vec<u8>>,
+    referenced: bool,
+    gen: u64,
+}
+
+impl NodeCache {
+    fn insert(&mut self, block: u64, bytes: Arc<Vec<u8>>) {
+        let gen = self.next_gen;
+        self.next_gen += 1;
+        self.bytes += bytes.len();
+        if let Some(old) = self.map.insert(
+            block,
+            Slot {
+                bytes,
+                referenced: false,
+                gen,
+            },
+        ) {
+            self.bytes -= old.bytes.len();
+        }
+        self.queue.push_back((block, gen));
+        while self.bytes > self.limit_bytes {
+            let Some((b, g)) = self.queue.pop_front() else {
+                break;
+            };
+            let Some(s) = self.map.get_mut(&b).filter(|s| s.gen == g) else {
+                continue;
+            };
+            if std::mem::take(&mut s.referenced) {
+                self.queue.push_back((b, g));
+                continue;
+            }
+            let s = self.map.remove(&b).expect("found above");
+            self.bytes -= s.bytes.len();
+        }
+        if self.queue.len() > 2 * self.map.len() + 64 {
+            let map = &self.map;
+            self.queue
+                .retain(|(b, g)| map.get(b).is_some_and(|s| s.gen == *g));
+        }
+    }
+}
+
+impl DeviceStore {
+    pub fn new(
+        q: Arc<RequestQueue>,
+        node_size: usize,
+        area: Range<u64>,
+        cache_bytes: usize,
+    ) -> DeviceStore {
+        debug_assert!(node_size.is_multiple_of(4096), "nodes are whole blocks");
+        DeviceStore {
+            q,
+            node_size,
+            area,
+            cache: Mutex::new(NodeCache {
+                map: HashMap::new(),
+                queue: VecDeque::new(),
+                next_gen: 0,
+                bytes: 0,
+                limit_bytes: cache_bytes,
+                stats: StoreStats::default(),
+            }),
+        }
+    }
+
+    fn sector(&self, block: u64) -> u64 {
+        block * (self.node_size as u64 / SECTOR)
+    }
+
+    /// Write nodes (as `Tree::write_dirty` produced them) in one plug, adjacent ones
+    /// merged, and wait; plain writes, made durable by the flush of the record that
+    /// points at them.
+    pub fn write(&self, nodes: &[(u64, Vec<u8>)]) -> TreeResult<()> {
+        let w = crate::block::BioWait::new();
+        {
+            let _plug = crate::block::Plug::start();
+            for (b, bytes) in nodes {
+                if !self.area.contains(b) {
+                    return Err(TreeError::NoSpace(format!(
+                        "block {b} is outside the area {:?}",
+                        self.area
+                    )));
+                }
+                let bio = crate::block::Bio::write(self.sector(*b), IoBuf::from_slice(bytes))
+                    .with_flags(BioFlags::META)
+                    .with_end_io(w.clone());
+                self.q.submit_bio(bio).map_err(|e| TreeError::Io {
+                    block: *b,
+                    why: e.to_string(),
+                })?;
+            }
+        }
+        for _ in nodes {
+            let (bio, st) = w.wait_one();
+            st.map_err(|e| TreeError::Io {
+                block: bio.sector / (self.node_size as u64 / SECTOR),
+                why: e.to_string(),
+            })?;
+        }
+        let mut c = self.cache.lock();
+        for (b, bytes) in nodes {
+            c.insert(*b, Arc::new(bytes.clone()));
+        }
+        Ok(())
+    }
+
+    /// A node block went back to the allocator: its bytes are no node any more.
+    pub fn forget(&self, block: u64) {
+        let mut c = self.cache.lock();
+        if let Some(s) = c.map.remove(&block) {
+            c.bytes -= s.bytes.len();
+        }
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let c = self.cache.lock();
+        StoreStats {
+            cached_bytes: c.bytes as u64,
+            ..c.stats
+        }
+    }
+}
+
+impl NodeStore for DeviceStore {
+    fn read(&self, block: u64) -> TreeResult<Vec<u8>> {
+        {
+            let mut c = self.cache.lock();
+            if let Some(s) = c.map.get_mut(&block) {
+                s.referenced = true;
+                let bytes = s.bytes.to_vec();
+                c.stats.hits += 1;
+                return Ok(bytes);
+            }
+            c.stats.misses += 1;
+        }
+        if !self.area.contains(&block) {
+            return Err(TreeError::Io {
+                block,
+                why: format!("outside the area {:?} nodes live in", self.area),
+            });
+        }
+        let buf = self
+            .q
+            .read_sync(self.sector(block), self.node_size)
+            .map_err(|e| TreeError::Io {
+                block,
+                why: e.to_string(),
+            })?;
+        let bytes = buf.as_slice().to_vec();
+        self.cache.lock().insert(block, Arc::new(bytes.clone()));
+        Ok(bytes)
+    }
+}
