@@ -29,11 +29,13 @@ pub struct MkfsReport {
     pub journal_blocks: u64,
     pub checkpoint_blocks: u64,
     pub fs_id: String,
+    /// The format version written (3: whole-metadata checkpoints; 4: the metadata tree).
+    pub format: u32,
     pub seconds: f64,
 }
 
 /// mkfs on `image`, creating (sparse) or extending a file to `size` if given.
-pub fn mkfs(image: &str, size: Option<u64>) -> Result<MkfsReport, String> {
+pub fn mkfs(image: &str, size: Option<u64>, format: Option<u32>) -> Result<MkfsReport, String> {
     let mut spec = spec_of(image);
     if let Some(s) = size {
         if !spec.starts_with("file:") {
@@ -52,7 +54,14 @@ pub fn mkfs(image: &str, size: Option<u64>) -> Result<MkfsReport, String> {
             e
         }
     })?;
-    let sb = Volume::mkfs(&q, &MkfsOptions::default()).map_err(|e| format!("mkfs: {e}"))?;
+    let sb = Volume::mkfs(
+        &q,
+        &MkfsOptions {
+            format,
+            ..MkfsOptions::default()
+        },
+    )
+    .map_err(|e| format!("mkfs: {e}"))?;
     Ok(MkfsReport {
         spec,
         size_bytes: q.geometry().size_bytes,
@@ -60,14 +69,15 @@ pub fn mkfs(image: &str, size: Option<u64>) -> Result<MkfsReport, String> {
         journal_blocks: sb.journal_blocks,
         checkpoint_blocks: sb.checkpoint[0].1,
         fs_id: format!("{:016x}", sb.fs_id),
+        format: sb.version,
         seconds: t.elapsed().as_secs_f64(),
     })
 }
 
 pub fn print_mkfs(r: &MkfsReport) {
     println!(
-        "wbstack filesystem {} on {}: {} bytes, {} data blocks of 4 KiB, journal {} blocks, two checkpoint slots of {} blocks ({:.3} s)",
-        r.fs_id, r.spec, r.size_bytes, r.data_blocks, r.journal_blocks, r.checkpoint_blocks, r.seconds
+        "wbstack filesystem {} (format {}) on {}: {} bytes, {} data blocks of 4 KiB, journal {} blocks, two checkpoint slots of {} blocks ({:.3} s)",
+        r.fs_id, r.format, r.spec, r.size_bytes, r.data_blocks, r.journal_blocks, r.checkpoint_blocks, r.seconds
     );
 }
 

@@ -216,6 +216,10 @@ struct MkfsArgs {
     /// Size of the image file to create or extend (e.g. 4G, 100T).
     #[arg(long, value_parser = size_arg)]
     size: Option<u64>,
+    /// Format version: 3 (whole-metadata checkpoints, the default) or 4 (the metadata
+    /// as a copy-on-write B+tree: checkpoints write what changed).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(3..=4))]
+    format: Option<u32>,
     #[arg(long)]
     json: bool,
 }
@@ -748,7 +752,7 @@ fn main() -> ExitCode {
 
 fn run(cmd: Cmd) -> ExitCode {
     let res = match cmd {
-        Cmd::Mkfs(a) => admin::mkfs(&a.image, a.size).and_then(|r| {
+        Cmd::Mkfs(a) => admin::mkfs(&a.image, a.size, a.format).and_then(|r| {
             if a.json {
                 println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
             } else {

@@ -321,7 +321,9 @@ fn break_root_link_count(image: &[u8]) -> Vec<u8> {
         })
         .max_by_key(|(_, c)| c.seq)
         .unwrap();
-    let mut m = Meta::decode_image(&c.image, sb.data_start, sb.nr_blocks).unwrap();
+    // A fresh image is format 4 (a metadata tree): the broken metadata goes in as a
+    // format 3 whole image, which every later version still reads.
+    let mut m = Meta::mkfs(sb.data_start, sb.nr_blocks, 1);
     m.inodes.get_mut(&1).unwrap().links = 5;
     let enc = Checkpoint {
         image: m.encode_image(),
@@ -331,5 +333,12 @@ fn break_root_link_count(image: &[u8]) -> Vec<u8> {
     let mut out = image.to_vec();
     let at = start as usize * 4096;
     out[at..at + enc.len()].copy_from_slice(&enc);
+    let mut old = sb.clone();
+    old.version = 3;
+    let sb_bytes = old.encode();
+    for b in wbstack::fs::format::SB_BLOCKS {
+        let at = b as usize * 4096;
+        out[at..at + sb_bytes.len()].copy_from_slice(&sb_bytes);
+    }
     out
 }

@@ -253,7 +253,8 @@ fn a_100_tib_layout_is_instant_and_sane() {
 mod common;
 
 /// A version 1 image (superblock version 1, a checkpoint image without the v2 extras
-/// section) mounts, keeps its files, and is version 2 on disk afterwards.
+/// section) mounts, keeps its files, and is the current version (a metadata tree) on
+/// disk afterwards.
 #[test]
 fn a_version_1_image_mounts_and_is_upgraded() {
     use wbstack::block::BioFlags;
@@ -263,16 +264,20 @@ fn a_version_1_image_mounts_and_is_upgraded() {
     let sb = Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
     // Rewrite what mkfs made as version 1 would have: no extras section (the v2
     // encoder writes an empty one: a zero count, 8 bytes), superblock version 1.
-    let (start, blocks) = sb.checkpoint[0];
-    let buf = q
-        .read_sync(start * 8, (blocks * 4096) as usize)
-        .unwrap()
-        .as_slice()
-        .to_vec();
-    let mut c = Checkpoint::decode(&buf).unwrap();
-    let n = c.image.len();
-    assert_eq!(&c.image[n - 8..], &[0u8; 8], "an empty extras section");
-    c.image.truncate(n - 8);
+    // (mkfs writes format 4, a metadata tree: the whole-image checkpoint of versions
+    // 1 to 3 is made here from the same fresh metadata.)
+    let (start, _) = sb.checkpoint[0];
+    let mut image = wbstack::fs::meta::Meta::mkfs(sb.data_start, sb.nr_blocks, 1).encode_image();
+    let n = image.len();
+    assert_eq!(&image[n - 8..], &[0u8; 8], "an empty extras section");
+    image.truncate(n - 8);
+    let c = Checkpoint {
+        fs_id: sb.fs_id,
+        seq: 1,
+        tid: 0,
+        journal_pos: 0,
+        image,
+    };
     q.write_sync(start * 8, IoBuf::from_slice(&c.encode()), BioFlags::FUA)
         .unwrap();
     let mut old = sb.clone();
@@ -287,7 +292,7 @@ fn a_version_1_image_mounts_and_is_upgraded() {
     f.close().unwrap();
     v.unmount().unwrap();
     let on_disk = Superblock::decode(q.read_sync(0, 4096).unwrap().as_slice()).unwrap();
-    assert_eq!(on_disk.version, FORMAT_VERSION);
+    assert_eq!(on_disk.version, wbstack::fs::format::DEFAULT_VERSION);
     let v = Volume::mount(q, common::quiet()).unwrap();
     let mut b = [0u8; 7];
     v.open("/kept", &Default::default())

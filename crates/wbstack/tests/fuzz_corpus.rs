@@ -117,10 +117,15 @@ fn bytes_of(q: &Arc<RequestQueue>) -> Vec<u8> {
 }
 
 fn mkfs(q: &Arc<RequestQueue>) -> Superblock {
+    mkfs_format(q, None)
+}
+
+fn mkfs_format(q: &Arc<RequestQueue>, format: Option<u32>) -> Superblock {
     Volume::mkfs(
         q,
         &MkfsOptions {
             fs_id: Some(0x5eed_f00d),
+            format,
         },
     )
     .unwrap()
@@ -199,6 +204,21 @@ fn images() -> Vec<(&'static str, Vec<u8>)> {
     v.unmount().unwrap();
     out.push(("tree-unmounted", bytes_of(&q)));
 
+    // Format 4 (the metadata tree): unmounted, and crashed after checkpoints.
+    let q = empty_device();
+    mkfs_format(&q, Some(4));
+    let v = Volume::mount(q.clone(), fuzz::mount_options()).unwrap();
+    tree(&v, false).close().unwrap();
+    v.unmount().unwrap();
+    out.push(("v4-tree-unmounted", bytes_of(&q)));
+    let q = empty_device();
+    mkfs_format(&q, Some(4));
+    let v = Volume::mount(q.clone(), fuzz::mount_options()).unwrap();
+    let open = tree(&v, true);
+    v.crash();
+    drop(open);
+    out.push(("v4-tree-crashed", bytes_of(&q)));
+
     // Crashed: every step in its own journal transaction after the mount's checkpoint,
     // the orphan still open (ordered data only).
     let q = empty_device();
@@ -222,13 +242,20 @@ fn images() -> Vec<(&'static str, Vec<u8>)> {
     drop(open);
     out.push(("tree-jdata-crashed", bytes_of(&q)));
 
-    // Version 1: no extras section in the checkpoint, superblock version 1.
+    // Version 1: no extras section in the checkpoint, superblock version 1. (mkfs
+    // writes format 4, a metadata tree: the whole-image checkpoint of versions 1 to 3
+    // is made from the same fresh metadata.)
     let q = empty_device();
     let sb = mkfs(&q);
-    let bytes = bytes_of(&q);
-    let slot = &bytes[sb.checkpoint[0].0 as usize * 4096..];
-    let mut c = Checkpoint::decode(slot).unwrap();
-    c.image.truncate(c.image.len() - 8);
+    let mut image = wbstack::fs::meta::Meta::mkfs(sb.data_start, sb.nr_blocks, 1).encode_image();
+    image.truncate(image.len() - 8);
+    let c = Checkpoint {
+        fs_id: sb.fs_id,
+        seq: 1,
+        tid: 0,
+        journal_pos: 0,
+        image,
+    };
     q.write_sync(
         sb.checkpoint[0].0 * 8,
         IoBuf::from_slice(&c.encode()),
@@ -283,6 +310,36 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             format!("seed-{name}"),
             at[..CKPT_HEADER + c.image.len() + 4].to_vec(),
         ));
+        // The same metadata as a whole-image (format 3) checkpoint, the decoder an
+        // older image's upgrade runs.
+        if sb.version >= 4 {
+            let map = bytes
+                .chunks(4096)
+                .enumerate()
+                .filter(|(_, b)| b.iter().any(|&x| x != 0))
+                .map(|(i, b)| (i as u64, b.to_vec()))
+                .collect();
+            let q = fuzz::device(&SparseImage {
+                blocks: SEED_BLOCKS,
+                map,
+            })
+            .unwrap();
+            let mut l = wbstack::fs::journal::load(&q, true).unwrap();
+            // Format 3 had no tree: its blocks are free there.
+            l.meta.tree_blocks.clear();
+            out.push((
+                "checkpoint",
+                format!("seed-{name}-v3"),
+                Checkpoint {
+                    fs_id: c.fs_id,
+                    seq: c.seq,
+                    tid: l.last_tid,
+                    journal_pos: 0,
+                    image: l.meta.encode_image(),
+                }
+                .encode(),
+            ));
+        }
         // The journal after it, each transaction trimmed to its CRC.
         let journal =
             &bytes[sb.journal_start as usize * 4096..][..sb.journal_blocks as usize * 4096];

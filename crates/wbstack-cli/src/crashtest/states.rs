@@ -671,7 +671,14 @@ pub fn record(
         logw.clone()
     };
     let q = RequestQueue::new(top, QueueConfig::default()).map_err(|e| e.to_string())?;
-    Volume::mkfs(&q, &MkfsOptions { fs_id: Some(1) }).map_err(|e| format!("mkfs: {e}"))?;
+    Volume::mkfs(
+        &q,
+        &MkfsOptions {
+            fs_id: Some(1),
+            format: None,
+        },
+    )
+    .map_err(|e| format!("mkfs: {e}"))?;
     let mkfs = logw.take_log();
     let mut base = SparseStore::new();
     mkfs.apply_prefix(&mut base, 0, mkfs.entries().len());

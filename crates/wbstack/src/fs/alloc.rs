@@ -413,6 +413,9 @@ pub struct Allocator {
     deferred_blocks: u64,
     /// Every tid up to and including this one has committed.
     committed: Option<u64>,
+    /// Blocks kept from writes for the metadata tree's copy-on-write nodes, so a
+    /// checkpoint (and a mount's) finds room on a filesystem writes have filled.
+    meta_reserve: u64,
 }
 
 impl Allocator {
@@ -428,7 +431,18 @@ impl Allocator {
             deferred_ranges: BTreeMap::new(),
             deferred_blocks: 0,
             committed: None,
+            meta_reserve: 0,
         }
+    }
+
+    /// Keep `blocks` free blocks from writes, for metadata (`alloc_meta`).
+    pub fn set_meta_reserve(&mut self, blocks: u64) {
+        self.meta_reserve = blocks;
+    }
+
+    /// Free blocks nobody reserved (metadata may use all of them).
+    fn unreserved(&self) -> u64 {
+        self.space.free_blocks().saturating_sub(self.reserved)
     }
 
     /// The free map (committed free space), e.g. to write a checkpoint.
@@ -446,9 +460,10 @@ impl Allocator {
         self.deferred_blocks
     }
 
-    /// Free blocks neither reserved nor deferred: what a new `write()` may still claim.
+    /// Free blocks neither reserved, deferred nor kept for metadata: what a new
+    /// `write()` may still claim.
     pub fn available(&self) -> u64 {
-        self.space.free_blocks().saturating_sub(self.reserved)
+        self.unreserved().saturating_sub(self.meta_reserve)
     }
 
     /// `(total, free, available)` blocks for statfs (`f_blocks`, `f_bfree`, `f_bavail`).
@@ -528,6 +543,15 @@ impl Allocator {
         Ok(ext)
     }
 
+    /// Allocates `n` blocks for metadata near `goal`, from all unreserved space (the
+    /// metadata reserve included); the cursor stays where it was.
+    pub fn alloc_meta(&mut self, n: u64, goal: u64) -> Result<Vec<(u64, u64)>, AllocError> {
+        if n == 0 || n > self.unreserved() {
+            return Err(AllocError::NoSpace);
+        }
+        self.space.alloc(n, Some(goal))
+    }
+
     /// Allocates `n` unreserved blocks at the cursor and advances it, so back-to-back calls
     /// return adjacent extents while space there lasts.
     pub fn alloc_next(&mut self, n: u64) -> Result<Vec<(u64, u64)>, AllocError> {
@@ -537,7 +561,7 @@ impl Allocator {
     /// Marks exactly `[start, start + n)` used (journal replay). Refuses, with `NoSpace`,
     /// to eat into reserved space (which would break the promise of `alloc_reserved`).
     pub fn alloc_exact(&mut self, start: u64, n: u64) -> Result<(), AllocError> {
-        if n > self.available() && self.space.is_free(start, n) {
+        if n > self.unreserved() && self.space.is_free(start, n) {
             return Err(AllocError::NoSpace);
         }
         self.space.alloc_exact(start, n)

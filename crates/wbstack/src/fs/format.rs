@@ -10,7 +10,14 @@ pub const SB_MAGIC: u64 = u64::from_le_bytes(*b"WBSTACK1");
 /// Version 2 added device nodes, FIFOs and sockets (their kinds and `rdev`) and
 /// extended attributes; version 3 journaled data blocks (`Record::DataBlock`,
 /// `Record::Revoke`). Older images are read and upgraded at mount.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
+/// What mkfs writes unless asked, and what an older image becomes at its first mount:
+/// the whole-metadata checkpoint. Version 4 (the metadata tree, `fs::checkpoint`) is
+/// opt-in (`MkfsOptions::format`) until its checkpoints are as cheap as version 3's at a
+/// million new files.
+pub const DEFAULT_VERSION: u32 = 3;
+/// The first version whose checkpoint is the metadata tree.
+pub const TREE_VERSION: u32 = 4;
 /// The oldest version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 pub const TXN_MAGIC: u32 = u32::from_le_bytes(*b"TXN1");

@@ -15,9 +15,14 @@
 //! one a crash would need: the newest valid checkpoint and the journal after it stay
 //! intact until the new checkpoint is durable.
 
+use super::checkpoint::{alloc_nodes, free_nodes, meta_reserve, MetaTree};
 use super::error::{FsError, FsResult};
-use super::format::{Checkpoint, FormatError, Record, Superblock, Txn, BLOCK_SIZE, SB_BLOCKS};
+use super::format::{
+    Checkpoint, FormatError, Record, Superblock, Txn, BLOCK_SIZE, DEFAULT_VERSION, SB_BLOCKS,
+    TREE_VERSION,
+};
 use super::meta::{ApplyMode, Meta};
+use super::metatree;
 use super::volume::{Aops, JState, MountOptions, State, Vol, Volume};
 use crate::block::{BioFlags, RequestQueue};
 use crate::buf::IoBuf;
@@ -43,6 +48,9 @@ const COUNTER_MAX: u64 = 1 << 62;
 pub struct MkfsOptions {
     /// Filesystem id stamped into every structure (random when None).
     pub fs_id: Option<u64>,
+    /// Format version to write: 3 (whole-metadata checkpoints) or 4 (the metadata
+    /// tree); None: `DEFAULT_VERSION`.
+    pub format: Option<u32>,
 }
 
 fn sector(block: u64) -> u64 {
@@ -79,14 +87,32 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
             .map_or(0, |d| d.as_nanos() as u64)
     };
     let fs_id = o.fs_id.unwrap_or_else(rand::random);
-    let sb = Superblock::layout(nr, fs_id, now).map_err(FsError::Format)?;
-    let meta = Meta::mkfs(sb.data_start, nr, now);
+    let mut sb = Superblock::layout(nr, fs_id, now).map_err(FsError::Format)?;
+    sb.version = match o.format {
+        None => DEFAULT_VERSION,
+        Some(v @ (DEFAULT_VERSION | TREE_VERSION)) => v,
+        Some(v) => {
+            return Err(FsError::Invalid(format!(
+                "format {v}: mkfs writes format {DEFAULT_VERSION} or {TREE_VERSION}"
+            )))
+        }
+    };
+    let mut meta = Meta::mkfs(sb.data_start, nr, now);
+    let image = if sb.version >= TREE_VERSION {
+        meta.alloc.set_meta_reserve(meta_reserve(sb.journal_blocks));
+        let mut mt = MetaTree::open(q.clone(), fs_id, sb.data_start..nr, None)?;
+        let ops = metatree::ops(&meta, &metatree::all_changes(&meta), fs_id);
+        let (root, _) = mt.write(&ops, 1, &mut |goal, n| alloc_nodes(&mut meta, goal, n))?;
+        metatree::encode_root(root)
+    } else {
+        meta.encode_image()
+    };
     let ckpt = Checkpoint {
         fs_id,
         seq: 1,
         tid: 0,
         journal_pos: 0,
-        image: meta.encode_image(),
+        image,
     }
     .encode();
     q.write_sync(
@@ -128,6 +154,8 @@ pub struct Loaded {
     /// Journaled data blocks replay found, by final location (the newest copy of
     /// each, none revoked): mount writes them home before its checkpoint.
     pub jdata: BTreeMap<u64, Vec<u8>>,
+    /// The metadata tree the checkpoint points at (format 4; none before).
+    pub(super) tree: Option<MetaTree>,
 }
 
 /// Read the superblock (either copy), the newest valid checkpoint and replay the
@@ -232,8 +260,23 @@ pub fn load_after_superblock(
     };
     // A bad slot is normal after a crash during a checkpoint write; report it for fsck.
     warnings.extend(slot_errs);
-    let mut meta = Meta::decode_image(&ckpt.image, sb.data_start, sb.nr_blocks)
-        .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
+    let data = sb.data_start..sb.nr_blocks;
+    let (mut meta, tree) = if sb.version >= TREE_VERSION {
+        let root = metatree::decode_root(&ckpt.image)
+            .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
+        let tree = MetaTree::open(q.clone(), sb.fs_id, data, root)?;
+        let mut meta = tree
+            .load(sb.fs_id, sb.data_start, sb.nr_blocks)
+            .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
+        // What replay changes goes into the tree at mount's checkpoint.
+        meta.track_changes(true);
+        meta.alloc.set_meta_reserve(meta_reserve(sb.journal_blocks));
+        (meta, Some(tree))
+    } else {
+        let meta = Meta::decode_image(&ckpt.image, sb.data_start, sb.nr_blocks)
+            .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
+        (meta, None)
+    };
     let r = replay(q, &sb, &mut meta, ckpt.journal_pos, ckpt.tid, strict)?;
     Ok(Loaded {
         sb,
@@ -248,6 +291,7 @@ pub fn load_after_superblock(
         warnings,
         replay_error: r.error,
         jdata: r.jdata,
+        tree,
     })
 }
 
@@ -258,7 +302,7 @@ pub fn load_after_superblock(
 /// mounts. Returns the orphans deleted and the encoded checkpoint (seq and slot after
 /// `l`'s), or no checkpoint when the newest one is the state already (see
 /// `needs_checkpoint`); the error names what is wrong.
-pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<Vec<u8>>), String> {
+pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountCheckpoint>), String> {
     if !needs_checkpoint(l) {
         return Ok((Vec::new(), None));
     }
@@ -271,23 +315,40 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<Vec<u8>>
             )
             .map_err(|e| format!("orphan {ino}: {e}"))?;
     }
-    let slot = 1 - l.ckpt_slot;
-    let ckpt = Checkpoint {
-        fs_id: l.sb.fs_id,
-        seq: l.ckpt_seq + 1,
-        tid: l.last_tid,
-        journal_pos: 0,
-        image: l.meta.encode_image(),
-    }
-    .encode();
-    let room = l.sb.checkpoint[slot].1 * PAGE;
-    if ckpt.len() as u64 > room {
-        return Err(format!(
-            "the metadata ({} bytes) no longer fits checkpoint slot {slot} ({room} bytes)",
-            ckpt.len()
-        ));
-    }
-    Ok((orphans, Some(ckpt)))
+    let Some(tree) = l.tree.as_mut() else {
+        let slot = 1 - l.ckpt_slot;
+        let ckpt = Checkpoint {
+            fs_id: l.sb.fs_id,
+            seq: l.ckpt_seq + 1,
+            tid: l.last_tid,
+            journal_pos: 0,
+            image: l.meta.encode_image(),
+        }
+        .encode();
+        let room = l.sb.checkpoint[slot].1 * PAGE;
+        if ckpt.len() as u64 > room {
+            return Err(format!(
+                "the metadata ({} bytes) no longer fits checkpoint slot {slot} ({room} bytes)",
+                ckpt.len()
+            ));
+        }
+        return Ok((orphans, Some(MountCheckpoint::Image(ckpt))));
+    };
+    // The changes go into the tree now (reads only: writing is mount's), so what
+    // cannot go in is found by fsck too.
+    let changes = l.meta.take_changes();
+    let ops = metatree::ops(&l.meta, &changes, l.sb.fs_id);
+    metatree::apply(&mut tree.tree, &tree.store, &ops)
+        .map_err(|e| format!("the metadata tree: {e}"))?;
+    Ok((orphans, Some(MountCheckpoint::Tree)))
+}
+
+/// What mount's checkpoint writes (`prepare_mount`).
+pub(super) enum MountCheckpoint {
+    /// A whole-metadata checkpoint, encoded (formats up to 3).
+    Image(Vec<u8>),
+    /// The tree's dirty nodes, then its root record (format 4).
+    Tree,
 }
 
 /// Whether mount must write a checkpoint: only when the state differs from the newest
@@ -299,7 +360,7 @@ fn needs_checkpoint(l: &Loaded) -> bool {
     l.txns_replayed > 0
         || !l.meta.orphans.is_empty()
         || !l.jdata.is_empty()
-        || l.sb.version < super::format::FORMAT_VERSION
+        || l.sb.version < DEFAULT_VERSION
 }
 
 /// What replay found.
@@ -440,22 +501,47 @@ impl Volume {
             debug_assert!(*block >= l.sb.data_start && *block < l.sb.nr_blocks);
             q.write_sync(sector(*block), IoBuf::from_slice(data), BioFlags::empty())?;
         }
-        let (slot, seq, head) = match &ckpt {
-            Some(ckpt) => {
-                let slot = 1 - l.ckpt_slot;
-                q.write_sync(
-                    sector(l.sb.checkpoint[slot].0),
-                    IoBuf::from_slice(ckpt),
-                    BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
-                )?;
-                (slot, l.ckpt_seq + 1, 0)
+        let (slot, seq, head) = if let Some(ckpt) = ckpt {
+            let slot = 1 - l.ckpt_slot;
+            let seq = l.ckpt_seq + 1;
+            let (enc, freed) = match (ckpt, l.tree.as_mut()) {
+                (MountCheckpoint::Image(enc), _) => (enc, Vec::new()),
+                (MountCheckpoint::Tree, Some(tree)) => {
+                    let meta = &mut l.meta;
+                    let (root, freed) =
+                        tree.write(&[], seq, &mut |goal, n| alloc_nodes(meta, goal, n))?;
+                    let enc = Checkpoint {
+                        fs_id: l.sb.fs_id,
+                        seq,
+                        tid: l.last_tid,
+                        journal_pos: 0,
+                        image: metatree::encode_root(root),
+                    }
+                    .encode();
+                    (enc, freed)
+                }
+                (MountCheckpoint::Tree, None) => {
+                    return Err(FsError::Corrupt("a tree checkpoint without a tree".into()))
+                }
+            };
+            q.write_sync(
+                sector(l.sb.checkpoint[slot].0),
+                IoBuf::from_slice(&enc),
+                BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
+            )?;
+            free_nodes(&mut l.meta, &freed)?;
+            if let Some(t) = &l.tree {
+                t.forget(&freed);
             }
-            None => (l.ckpt_slot, l.ckpt_seq, l.ckpt_journal_pos),
+            (slot, seq, 0)
+        } else {
+            (l.ckpt_slot, l.ckpt_seq, l.ckpt_journal_pos)
         };
-        if l.sb.version < super::format::FORMAT_VERSION {
+        l.meta.take_changes();
+        if l.sb.version < DEFAULT_VERSION {
             // An older image: from now on it may hold what only this version reads, so
             // an older binary must meet a version error, not a puzzling record.
-            l.sb.version = super::format::FORMAT_VERSION;
+            l.sb.version = DEFAULT_VERSION;
             let enc = l.sb.encode();
             for b in SB_BLOCKS {
                 q.write_sync(
@@ -527,6 +613,7 @@ impl Volume {
                 wall_offset_ns,
             }),
             icache: Mutex::new(super::icache::InodeCache::new(inode_cache)),
+            tree: Mutex::new(l.tree),
             jn: Mutex::new(JState {
                 committed: l.last_tid,
                 released: l.last_tid,
@@ -594,6 +681,7 @@ fn committer(weak: Weak<Vol>) {
 enum Payload {
     Txn(Vec<u8>),
     Checkpoint(Vec<u8>),
+    Tree(Vec<metatree::TreeOp>),
 }
 
 impl Vol {
@@ -816,7 +904,12 @@ impl Vol {
                 // The journal is about to start over: no copy in it is replayed again.
                 debug_assert!(st.jhome.is_empty());
                 st.jblocks.clear();
-                Payload::Checkpoint(st.meta.encode_image())
+                if self.sb.version >= TREE_VERSION {
+                    let changes = st.meta.take_changes();
+                    Payload::Tree(metatree::ops(&st.meta, &changes, self.sb.fs_id))
+                } else {
+                    Payload::Checkpoint(st.meta.encode_image())
+                }
             } else {
                 Payload::Txn(enc)
             };
@@ -873,6 +966,18 @@ impl Vol {
                 };
                 (r, n, 0, Some((slot, seq)))
             }
+            Payload::Tree(ops) => {
+                // As above: journaled data home first.
+                self.wait_home(tid);
+                let (slot, seq) = {
+                    let j = self.jn.lock();
+                    (1 - j.ckpt_slot, j.ckpt_seq + 1)
+                };
+                match self.write_checkpoint(&ops, tid, slot, seq, flags) {
+                    Ok(n) => (Ok(()), n, 0, Some((slot, seq))),
+                    Err(e) => (Err(e), 0, 0, None),
+                }
+            }
         };
         if let Err(e) = res {
             self.abort(format!("a journal write failed ({e})"));
@@ -913,6 +1018,42 @@ impl Vol {
             "jbd2_commit",
             || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": new_slot.is_some(), "ns": took}),
         );
+    }
+
+    /// Steps 2 to 4 of a checkpoint (`fs::checkpoint`); returns the bytes written.
+    fn write_checkpoint(
+        &self,
+        ops: &[metatree::TreeOp],
+        tid: u64,
+        slot: usize,
+        seq: u64,
+        flags: BioFlags,
+    ) -> FsResult<u64> {
+        // Lock order: the tree, then `st` (taken only for the nodes' blocks).
+        let mut guard = self.tree.lock();
+        let Some(mt) = guard.as_mut() else {
+            return Err(FsError::Corrupt("a tree checkpoint without a tree".into()));
+        };
+        let (root, freed) = mt.write(ops, seq, &mut |goal, n| {
+            alloc_nodes(&mut self.st.lock().meta, goal, n)
+        })?;
+        let nodes = mt.last_written_bytes();
+        let enc = Checkpoint {
+            fs_id: self.sb.fs_id,
+            seq,
+            tid,
+            journal_pos: 0,
+            image: metatree::encode_root(root),
+        }
+        .encode();
+        self.q.write_sync(
+            sector(self.sb.checkpoint[slot].0),
+            IoBuf::from_slice(&enc),
+            flags,
+        )?;
+        free_nodes(&mut self.st.lock().meta, &freed)?;
+        mt.forget(&freed);
+        Ok(nodes + enc.len() as u64)
     }
 
     pub(super) fn abort(&self, why: String) {

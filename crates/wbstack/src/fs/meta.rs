@@ -182,6 +182,9 @@ pub struct Meta {
     /// What `apply` changed since `take_changes`, when tracked (`track_changes`): what
     /// an incremental checkpoint writes into the metadata tree (`fs::metatree`).
     changes: Option<Box<Changes>>,
+    /// Blocks the metadata tree's durable nodes take (format 4): used, like extents,
+    /// by "inode 0".
+    pub tree_blocks: BTreeSet<u64>,
 }
 
 /// The keys of the durable state that records changed: each names a piece of metadata
@@ -228,6 +231,7 @@ impl Meta {
             alloc: Allocator::new(FreeSpace::new(data_start, nr_blocks)),
             image_bytes: 0,
             changes: None,
+            tree_blocks: BTreeSet::new(),
         };
         m.inodes.insert(ROOT_INO, Box::new(root));
         m.image_bytes = m.encode_image().len() as u64 - m.free_bytes();
@@ -307,6 +311,14 @@ impl Meta {
             }
         }
         Ok(())
+    }
+
+    /// An inode's own fields were changed in place (sizes and times the running
+    /// transaction restates at its close): the next checkpoint writes them.
+    pub(super) fn note_inode(&mut self, ino: u64) {
+        if let Some(c) = self.changes.as_deref_mut() {
+            c.inodes.insert(ino);
+        }
     }
 
     fn note_extent(&mut self, ino: u64, fb: u64) {
@@ -593,12 +605,14 @@ impl Meta {
         Ok(())
     }
 
-    /// Every block some inode maps, sorted: (start, len, owner).
+    /// Every block some inode maps, and the metadata tree's nodes (owner 0), sorted:
+    /// (start, len, owner).
     pub fn used_extents(&self) -> Vec<(u64, u64, u64)> {
         let mut v: Vec<(u64, u64, u64)> = self
             .inodes
             .iter()
             .flat_map(|(&ino, i)| i.extents.values().map(move |&(s, l)| (s, l, ino)))
+            .chain(self.tree_blocks.iter().map(|&b| (b, 1, 0)))
             .collect();
         v.sort_unstable();
         v
@@ -821,6 +835,7 @@ impl Meta {
             alloc: Allocator::new(space),
             image_bytes: 0,
             changes: None,
+            tree_blocks: BTreeSet::new(),
         };
         m.image_bytes = buf.len() as u64 - nf * FREE_EXTENT_BYTES + if v1 { 8 } else { 0 };
         Ok(m)
@@ -888,6 +903,7 @@ impl Meta {
             alloc: Allocator::new(space),
             image_bytes: 0,
             changes: None,
+            tree_blocks: used.iter().copied().collect(),
         };
         m.image_bytes = m.encode_image().len() as u64 - m.free_bytes();
         Ok(m)

@@ -19,7 +19,7 @@
 //!
 //! Values are little-endian, like the rest of the format. Every decoder is total.
 
-use super::btree::{NodeStore, Tree, TreeError, TreeResult};
+use super::btree::{ChildPtr, NodeStore, Root, Tree, TreeError, TreeResult};
 use super::format::{InodeKind, XATTR_SIZE_MAX};
 use super::meta::{valid_name, Changes, Inode, Meta, MetaError, ROOT_INO, TARGET_MAX};
 use std::collections::{BTreeSet, HashMap};
@@ -182,7 +182,17 @@ pub fn ops(meta: &Meta, ch: &Changes, seed: u64) -> Vec<TreeOp> {
             ops.push(TreeOp::Del(orphan_key(ino)));
         }
     }
+    // In key order, so consecutive operations find their path dirty and in memory
+    // already. Stable, and a prefix sorts before every key it covers, so a DelPrefix
+    // still comes before the puts of the same chunked value.
+    ops.sort_by(|a, b| op_key(a).cmp(op_key(b)));
     ops
+}
+
+fn op_key(op: &TreeOp) -> &[u8] {
+    match op {
+        TreeOp::Put(k, _) | TreeOp::Del(k) | TreeOp::DelPrefix(k) => k,
+    }
 }
 
 /// Every key of `meta`, as changes from an empty tree (mkfs, or an older image's first
@@ -436,4 +446,41 @@ pub fn load(
     Ok(Meta::assemble(
         inodes, next_ino, orphans, used, data_start, nr_blocks,
     )?)
+}
+
+const ROOT_MAGIC: u32 = 0x5452_4257; // "WBRT"
+
+/// A format-4 checkpoint's image: where the tree's root is (none: an empty tree).
+pub fn encode_root(root: Option<Root>) -> Vec<u8> {
+    let mut v = ROOT_MAGIC.to_le_bytes().to_vec();
+    match root {
+        None => v.push(0),
+        Some(r) => {
+            v.push(1);
+            v.extend_from_slice(&r.ptr.block.to_le_bytes());
+            v.extend_from_slice(&r.ptr.crc.to_le_bytes());
+            v.extend_from_slice(&r.ptr.seq.to_le_bytes());
+            v.push(r.level);
+        }
+    }
+    v
+}
+
+pub fn decode_root(b: &[u8]) -> Result<Option<Root>, MetaError> {
+    let bad = |m: &str| MetaError(format!("checkpoint root record: {m}"));
+    if le32(b, 0) != Some(ROOT_MAGIC) {
+        return Err(bad("not a tree root record"));
+    }
+    match (b.get(4), b.len()) {
+        (Some(0), 5) => Ok(None),
+        (Some(1), 26) => Ok(Some(Root {
+            ptr: ChildPtr {
+                block: le64(b, 5).expect("26 bytes"),
+                crc: le32(b, 13).expect("26 bytes"),
+                seq: le64(b, 17).expect("26 bytes"),
+            },
+            level: b[25],
+        })),
+        _ => Err(bad("a record of the wrong length")),
+    }
 }

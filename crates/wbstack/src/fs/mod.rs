@@ -3,6 +3,7 @@
 //!
 //! - `format`: on-disk structures (superblock, journal transactions, checkpoints).
 //! - `btree`: the copy-on-write B+tree the metadata moves to (not used by the volume yet).
+//! - `checkpoint`: format 4's checkpoint, the tree written copy-on-write.
 //! - `alloc`: free space as an extent map; reservations, goal cursor, deferred frees.
 //! - `extents`: an inode's extent map (inline while it holds one extent).
 //! - `icache`: the inode cache (mappings of files, evicted past a limit when at rest).
@@ -18,6 +19,7 @@
 
 pub mod alloc;
 pub mod btree;
+mod checkpoint;
 pub mod error;
 pub mod extents;
 pub mod flush;

@@ -65,6 +65,9 @@ pub struct MountOptions {
     /// Mappings of unused files kept cached (`fs::icache`); past it, unused ones at
     /// rest are evicted, least recently used first.
     pub inode_cache: usize,
+    /// The format a tool's fresh volume is made with (`MkfsOptions::format`: 3, or 4
+    /// for the metadata tree); a mount of an existing image ignores it.
+    pub format: Option<u32>,
 }
 
 impl Default for MountOptions {
@@ -81,6 +84,7 @@ impl Default for MountOptions {
             wbt_judge: None,
             journal_data_kb: 0,
             inode_cache: super::icache::DEFAULT_INODE_CACHE,
+            format: None,
         }
     }
 }
@@ -91,7 +95,7 @@ impl MountOptions {
         dirty_ratio, dirty_background_ratio, dirty_bytes, dirty_background_bytes, \
         dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
         max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec, \
-        wbt_scale_up_when_limited, wbt_judge, journal_data_kb, inode_cache";
+        wbt_scale_up_when_limited, wbt_judge, journal_data_kb, inode_cache, format";
 
     /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
     /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
@@ -157,6 +161,17 @@ impl MountOptions {
                     Ok(kib) => kib,
                     Err(_) => size()?.div_ceil(1024),
                 }
+            }
+            "format" => {
+                let v = u32::try_from(num()?).map_err(|e| bad(e.to_string()))?;
+                if !(super::format::DEFAULT_VERSION..=super::format::TREE_VERSION).contains(&v) {
+                    return Err(bad(format!(
+                        "a new volume is format {} or {}",
+                        super::format::DEFAULT_VERSION,
+                        super::format::TREE_VERSION
+                    )));
+                }
+                self.format = Some(v);
             }
             "inode_cache" => {
                 self.inode_cache = usize::try_from(num()?).map_err(|e| bad(e.to_string()))?
@@ -588,6 +603,8 @@ impl State {
     /// running transaction (what the commit appends).
     pub fn restate(&mut self) {
         for ino in std::mem::take(&mut self.txn_inodes) {
+            // Changed in place, not through `Meta::apply`: the tree learns of it here.
+            self.meta.note_inode(ino);
             if let Some(i) = self.meta.inodes.get(&ino) {
                 self.txn.push(Record::SetAttr {
                     ino,
@@ -716,6 +733,8 @@ pub(super) struct Vol {
     pub home: Arc<super::jdata::HomeWrites>,
     pub st: Mutex<State>,
     pub icache: Mutex<super::icache::InodeCache>,
+    /// The metadata tree (`fs::checkpoint`); only checkpoints take it, before `st`.
+    pub tree: Mutex<Option<super::checkpoint::MetaTree>>,
     pub jn: Mutex<JState>,
     pub jcv: Condvar,
     pub jwaiter: Arc<crate::clock::Waiter>,
@@ -1291,6 +1310,10 @@ impl Vol {
     /// Refuse to grow the metadata past what a checkpoint slot can hold (else the
     /// journal could fill with no way to checkpoint it).
     pub(super) fn check_meta_room(&self, st: &State, extra: u64) -> FsResult<()> {
+        if self.sb.version >= super::format::TREE_VERSION {
+            // The slot holds only the tree's root record.
+            return Ok(());
+        }
         let slot = self.sb.checkpoint[0].1 * PAGE;
         if st.meta.image_bytes() + extra + 4096 > slot * 9 / 10 {
             return Err(FsError::NoSpace);

@@ -137,6 +137,22 @@ impl Tree {
         }
     }
 
+    /// Nodes `write_dirty` would write now (so a caller can take their blocks at once).
+    pub fn dirty_nodes(&self) -> usize {
+        fn count(l: &Link) -> usize {
+            match l {
+                Link::Clean(_) => 0,
+                Link::Dirty(n) => {
+                    1 + match &n.entries {
+                        Entries::Inner(e) => e.iter().map(|(_, c)| count(c)).sum(),
+                        Entries::Leaf(_) => 0,
+                    }
+                }
+            }
+        }
+        self.root.as_ref().map_or(0, count)
+    }
+
     /// Whether anything changed since the last `write_dirty`.
     pub fn is_dirty(&self) -> bool {
         matches!(self.root, Some(Link::Dirty(_))) || !self.freed.is_empty()

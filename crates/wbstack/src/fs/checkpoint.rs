@@ -1,0 +1,162 @@
+//! Format 4's checkpoint: the metadata tree (`fs::btree`, keys of `fs::metatree`)
+//! brought up to date with what changed since the last checkpoint, written
+//! copy-on-write, and a small root record in the checkpoint slot. A checkpoint costs
+//! what changed, and no slot caps the metadata.
+//!
+//! Order, at a checkpoint of transaction T (the committer; nothing else commits
+//! meanwhile, so the journal is restarted only after T's state is durable):
+//! 1. under `st`, at T's close: the changed keys' current values (`metatree::ops`);
+//! 2. without `st`: the ops applied to the tree (reads through the node cache), the
+//!    dirty nodes written to blocks taken from the allocator (plain writes);
+//! 3. the root record into the older slot with PREFLUSH|FUA: the nodes are durable
+//!    before it, it before anything that relies on it;
+//! 4. only then the blocks of the nodes it replaced go back to the allocator: until
+//!    the new root was durable, a crash would have used the old one.
+
+use super::btree::store::DeviceStore;
+use super::btree::{Root, Tree, TreeError};
+use super::error::{FsError, FsResult};
+use super::meta::Meta;
+use super::metatree::{self, TreeOp};
+use crate::block::RequestQueue;
+use std::sync::Arc;
+
+/// Node size of the metadata tree: one block.
+pub const NODE_SIZE: usize = 4096;
+/// Bytes of tree nodes kept in memory (written or read), beyond the dirty ones.
+pub const NODE_CACHE_BYTES: usize = 128 << 20;
+
+/// The volume's tree, its nodes' store, and where the next node goes.
+pub(super) struct MetaTree {
+    pub tree: Tree,
+    pub store: DeviceStore,
+    cursor: u64,
+    last_written_bytes: u64,
+}
+
+fn tree_err(e: TreeError) -> FsError {
+    match e {
+        TreeError::Format(f) => FsError::Format(f),
+        TreeError::NoSpace(_) => FsError::NoSpace,
+        other => FsError::Corrupt(other.to_string()),
+    }
+}
+
+impl MetaTree {
+    pub fn open(
+        q: Arc<RequestQueue>,
+        fs_id: u64,
+        data: std::ops::Range<u64>,
+        root: Option<Root>,
+    ) -> FsResult<MetaTree> {
+        let cursor = data.start;
+        Ok(MetaTree {
+            tree: Tree::open(fs_id, NODE_SIZE, root).map_err(tree_err)?,
+            store: DeviceStore::new(q, NODE_SIZE, data, NODE_CACHE_BYTES),
+            cursor,
+            last_written_bytes: 0,
+        })
+    }
+
+    /// Every node of the durable tree checked (levels, key fences, no block twice), and
+    /// the metadata it holds (mount and fsck).
+    pub fn load(&self, seed: u64, data_start: u64, nr_blocks: u64) -> FsResult<Meta> {
+        let blocks = self.tree.check(&self.store).map_err(tree_err)?;
+        metatree::load(
+            &self.tree,
+            &self.store,
+            seed,
+            &blocks,
+            data_start,
+            nr_blocks,
+        )
+        .map_err(|e| match e {
+            metatree::LoadError::Tree(t) => tree_err(t),
+            metatree::LoadError::Meta(m) => FsError::Corrupt(m.0),
+        })
+    }
+
+    /// Apply `ops`, write the dirty nodes to blocks `alloc(goal, n)` gives (all at
+    /// once, near the last ones), and return the new root and the blocks of the nodes
+    /// it replaced.
+    pub fn write(
+        &mut self,
+        ops: &[TreeOp],
+        seq: u64,
+        alloc: &mut dyn FnMut(u64, usize) -> FsResult<Vec<u64>>,
+    ) -> FsResult<(Option<Root>, Vec<u64>)> {
+        metatree::apply(&mut self.tree, &self.store, ops).map_err(tree_err)?;
+        let n = self.tree.dirty_nodes();
+        let mut blocks = if n > 0 {
+            alloc(self.cursor, n)?
+        } else {
+            Vec::new()
+        };
+        debug_assert_eq!(blocks.len(), n);
+        if let Some(&last) = blocks.iter().max() {
+            self.cursor = last + 1;
+        }
+        blocks.reverse();
+        let w = self
+            .tree
+            .write_dirty(seq, &mut || {
+                blocks
+                    .pop()
+                    .ok_or_else(|| TreeError::NoSpace("fewer blocks than dirty nodes".into()))
+            })
+            .map_err(tree_err)?;
+        self.store.write(&w.writes).map_err(tree_err)?;
+        self.last_written_bytes = (w.writes.len() * NODE_SIZE) as u64;
+        Ok((w.root, w.freed))
+    }
+
+    /// Bytes of nodes the last `write` wrote.
+    pub fn last_written_bytes(&self) -> u64 {
+        self.last_written_bytes
+    }
+
+    /// The blocks went back to the allocator: their cached bytes are no nodes.
+    pub fn forget(&self, blocks: &[u64]) {
+        for &b in blocks {
+            self.store.forget(b);
+        }
+    }
+}
+
+/// Blocks kept from writes for tree nodes: a journal's worth (a checkpoint's dirty
+/// nodes grow with the records since the last one, which the journal bounds), at
+/// least 64.
+pub fn meta_reserve(journal_blocks: u64) -> u64 {
+    journal_blocks.max(64)
+}
+
+/// `n` blocks for tree nodes from `meta`'s allocator near `goal` (the metadata
+/// reserve included), leaving the data cursor where it was: nodes gather together,
+/// data keeps its own placement.
+pub(super) fn alloc_nodes(meta: &mut Meta, goal: u64, n: usize) -> FsResult<Vec<u64>> {
+    let ext = meta
+        .alloc
+        .alloc_meta(n as u64, goal)
+        .map_err(|_| FsError::NoSpace)?;
+    let blocks: Vec<u64> = ext.iter().flat_map(|&(s, l)| s..s + l).collect();
+    for &b in &blocks {
+        let fresh = meta.tree_blocks.insert(b);
+        debug_assert!(fresh, "tree block {b} handed out twice");
+    }
+    Ok(blocks)
+}
+
+/// Give the blocks of replaced nodes back (their new root is durable).
+pub(super) fn free_nodes(meta: &mut Meta, blocks: &[u64]) -> FsResult<()> {
+    for &b in blocks {
+        if !meta.tree_blocks.remove(&b) {
+            return Err(FsError::Corrupt(format!(
+                "tree block {b} freed but not in use by the tree"
+            )));
+        }
+        meta.alloc
+            .free(b, 1)
+            .map_err(|e| FsError::Corrupt(e.to_string()))?;
+    }
+    Ok(())
+}
