@@ -880,13 +880,7 @@ fn json_has_the_figures_and_the_exit_code_follows_them() {
         std::env::temp_dir().to_str().unwrap(),
         "--json",
     ]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let v = json_of(&out);
     for k in [
         "cuts",
         "fsynced_bytes_lost",
@@ -1165,14 +1159,19 @@ fn power_cuts_on_format_4_lose_nothing_promised() {
         std::env::temp_dir().to_str().unwrap(),
         "--json",
     ]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+    let v = json_of(&out);
+    assert_eq!(v["failed_cuts"].as_u64(), Some(0), "{v}");
+    assert_eq!(v["cuts"].as_u64(), Some(24), "{v}");
+    assert!(out.status.success(), "{v}");
+}
+
+/// The command's stdout as JSON, or a panic showing both streams.
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "not JSON ({e}): {}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         )
-    });
-    assert_eq!(v["failed_cuts"].as_u64(), Some(0), "{v}");
-    assert_eq!(v["cuts"].as_u64(), Some(24), "{v}");
-    assert!(out.status.success(), "{v}");
+    })
 }

@@ -4,33 +4,17 @@
 //! any bytes.
 
 use proptest::prelude::*;
-use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use wbstack::fs::btree::node::Node;
-use wbstack::fs::btree::{ChildPtr, NodeStore, Tree, TreeError, TreeResult};
+use wbstack::fs::btree::{ChildPtr, NodeStore, Tree, TreeError};
 
 const FS_ID: u64 = 0x5eed;
 /// Small nodes: a few hundred entries make a tree four or five levels deep.
 const NODE: usize = 512;
 
-#[derive(Default)]
-struct MemStore {
-    blocks: RefCell<HashMap<u64, Vec<u8>>>,
-}
-
-impl NodeStore for MemStore {
-    fn read(&self, block: u64) -> TreeResult<Vec<u8>> {
-        self.blocks
-            .borrow()
-            .get(&block)
-            .cloned()
-            .ok_or(TreeError::Io {
-                block,
-                why: "never written".into(),
-            })
-    }
-}
+mod common;
+use common::MemStore;
 
 /// The tree, its store, and the block bookkeeping a filesystem would do: blocks freed
 /// by a write are reused only by the write after it (once the root that stopped using

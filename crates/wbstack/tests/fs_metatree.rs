@@ -3,9 +3,7 @@
 //! as exactly the metadata; the ops cost what changed; `load` is total.
 
 use proptest::prelude::*;
-use std::cell::RefCell;
-use std::collections::HashMap;
-use wbstack::fs::btree::{NodeStore, Tree, TreeError, TreeResult};
+use wbstack::fs::btree::Tree;
 use wbstack::fs::format::{InodeKind, Record};
 use wbstack::fs::meta::{ApplyMode, Meta};
 use wbstack::fs::metatree::{self, TreeOp};
@@ -15,41 +13,8 @@ const NODE: usize = 4096;
 const DATA_START: u64 = 10;
 const NR_BLOCKS: u64 = 20_000;
 
-#[derive(Default)]
-struct MemStore {
-    blocks: RefCell<HashMap<u64, Vec<u8>>>,
-    next: RefCell<u64>,
-}
-
-impl NodeStore for MemStore {
-    fn read(&self, block: u64) -> TreeResult<Vec<u8>> {
-        self.blocks
-            .borrow()
-            .get(&block)
-            .cloned()
-            .ok_or(TreeError::Io {
-                block,
-                why: "never written".into(),
-            })
-    }
-}
-
-impl MemStore {
-    /// Write the tree's dirty nodes (never reusing a block: the test is of the keys).
-    fn write(&self, tree: &mut Tree, seq: u64) {
-        let w = tree
-            .write_dirty(seq, &mut || {
-                let mut n = self.next.borrow_mut();
-                *n += 1;
-                Ok(*n)
-            })
-            .unwrap();
-        let mut b = self.blocks.borrow_mut();
-        for (blk, bytes) in w.writes {
-            b.insert(blk, bytes);
-        }
-    }
-}
+mod common;
+use common::MemStore;
 
 fn assert_same(a: &Meta, b: &Meta) {
     assert_eq!(a.next_ino, b.next_ino);

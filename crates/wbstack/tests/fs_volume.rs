@@ -562,14 +562,7 @@ fn a_mount_after_a_clean_unmount_writes_nothing_and_the_journal_resumes() {
     let writes = q.diskstats().ios[1];
     let v = Volume::mount(q.clone(), quiet()).unwrap();
     assert_eq!(q.diskstats().ios[1], writes, "mount wrote to the device");
-    let f = v.create("/b").unwrap();
-    f.write_at(0, b"two").unwrap();
-    f.fsync().unwrap();
-    sim(&q).power_cut(false);
-    v.crash();
-    sim(&q).reboot();
-    assert_clean(&q);
-    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    let v = fsync_then_power_cut(&q, v, "/b", b"two");
     assert_eq!(read_file(&v, "/a"), b"one");
     assert_eq!(
         read_file(&v, "/b"),
@@ -578,6 +571,19 @@ fn a_mount_after_a_clean_unmount_writes_nothing_and_the_journal_resumes() {
     );
     v.unmount().unwrap();
     assert_clean(&q);
+}
+
+/// Create `path` holding `data`, fsync it, cut the power, and mount again (fsck clean
+/// before the mount).
+fn fsync_then_power_cut(q: &Arc<RequestQueue>, v: Volume, path: &str, data: &[u8]) -> Volume {
+    let f = v.create(path).unwrap();
+    f.write_at(0, data).unwrap();
+    f.fsync().unwrap();
+    sim(q).power_cut(false);
+    v.crash();
+    sim(q).reboot();
+    assert_clean(q);
+    Volume::mount(q.clone(), quiet()).unwrap()
 }
 
 fn fresh_format(spec: &str, format: u32) -> (Arc<RequestQueue>, Volume) {
@@ -615,14 +621,7 @@ fn format_4_keeps_the_namespace_across_remounts_and_power_cuts() {
     assert!(v.stat("/d/f3").is_err());
     assert_eq!(v.readlink("/s").unwrap(), "/d/f1");
     // Changes after the checkpoint, fsynced, then the power goes.
-    let f = v.create("/late").unwrap();
-    f.write_at(0, b"after the tree").unwrap();
-    f.fsync().unwrap();
-    sim(&q).power_cut(false);
-    v.crash();
-    sim(&q).reboot();
-    assert_clean(&q);
-    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    let v = fsync_then_power_cut(&q, v, "/late", b"after the tree");
     assert_eq!(read_file(&v, "/late"), b"after the tree");
     assert_eq!(v.readdir("/d").unwrap().len(), 298);
     v.unmount().unwrap();

@@ -735,16 +735,7 @@ impl Meta {
                     return bad(format!("inode {ino} has a bad extent at file block {f}"));
                 }
             }
-            // Extents are stored in file order; each must end before the next begins.
-            let mut file_end = 0;
-            for (&f, &(_, l)) in &i.extents {
-                if f < file_end {
-                    return bad(format!(
-                        "inode {ino} maps file block {f} twice (overlapping extents)"
-                    ));
-                }
-                file_end = f + l;
-            }
+            check_extent_order(ino, &i.extents)?;
             let nd = r.u32()?;
             for _ in 0..nd {
                 let name = r.bytes()?.to_vec();
@@ -762,19 +753,7 @@ impl Meta {
                 return bad(format!("inode {ino} appears twice"));
             }
         }
-        for (c, p) in parents {
-            if let Some(ci) = inodes.get_mut(&c) {
-                if ci.is_dir() {
-                    ci.parent = p;
-                    if let Some(pi) = inodes.get_mut(&p) {
-                        pi.subdirs += 1;
-                    }
-                }
-            }
-        }
-        if let Some(root) = inodes.get_mut(&ROOT_INO) {
-            root.parent = ROOT_INO;
-        }
+        derive_parents(&mut inodes, parents);
         let no = r.u64()?;
         if no > buf.len() as u64 / 8 {
             return bad(format!("the image claims {no} orphans"));
@@ -855,29 +834,11 @@ impl Meta {
         let mut parents = Vec::new();
         let mut taken: Vec<(u64, u64)> = used.iter().map(|&b| (b, 1)).collect();
         for (&ino, i) in &inodes {
-            let mut file_end = 0;
-            for (&f, &(s, l)) in &i.extents {
-                if f < file_end {
-                    return bad(format!(
-                        "inode {ino} maps file block {f} twice (overlapping extents)"
-                    ));
-                }
-                file_end = f + l;
-                taken.push((s, l));
-            }
+            check_extent_order(ino, &i.extents)?;
+            taken.extend(i.extents.values().copied());
             parents.extend(i.entries.values().map(|&c| (c, ino)));
         }
-        for (c, p) in parents {
-            if inodes.get(&c).is_some_and(|ci| ci.is_dir()) {
-                inodes.get_mut(&c).expect("found").parent = p;
-                if let Some(pi) = inodes.get_mut(&p) {
-                    pi.subdirs += 1;
-                }
-            }
-        }
-        if let Some(root) = inodes.get_mut(&ROOT_INO) {
-            root.parent = ROOT_INO;
-        }
+        derive_parents(&mut inodes, parents);
         taken.sort_unstable();
         let mut free = Vec::new();
         let mut at = data_start;
@@ -1107,6 +1068,36 @@ fn user_xattr_allowed(kind: InodeKind, name: &[u8]) -> bool {
 }
 
 /// A valid directory-entry name: 1..=255 bytes, no '/', no NUL, not "." or "..".
+/// Extents are kept in file order; each must end before the next begins.
+fn check_extent_order(ino: u64, extents: &ExtentMap) -> Result<(), MetaError> {
+    let mut file_end = 0;
+    for (&f, &(_, l)) in extents {
+        if f < file_end {
+            return bad(format!(
+                "inode {ino} maps file block {f} twice (overlapping extents)"
+            ));
+        }
+        file_end = f + l;
+    }
+    Ok(())
+}
+
+/// Directories' parents and subdirectory counts, derived from the (child, parent) of
+/// every entry (the root is its own parent).
+fn derive_parents(inodes: &mut HashMap<u64, Box<Inode>>, parents: Vec<(u64, u64)>) {
+    for (c, p) in parents {
+        if let Some(ci) = inodes.get_mut(&c).filter(|ci| ci.is_dir()) {
+            ci.parent = p;
+            if let Some(pi) = inodes.get_mut(&p) {
+                pi.subdirs += 1;
+            }
+        }
+    }
+    if let Some(root) = inodes.get_mut(&ROOT_INO) {
+        root.parent = ROOT_INO;
+    }
+}
+
 pub fn valid_name(name: &[u8]) -> bool {
     !name.is_empty()
         && name.len() <= NAME_MAX

@@ -48,3 +48,40 @@ pub fn writeback_held_in_device(
     }
     h
 }
+
+/// Tree nodes in memory, for the B+tree's tests: what was written, by block.
+#[derive(Default)]
+pub struct MemStore {
+    pub blocks: std::cell::RefCell<std::collections::HashMap<u64, Vec<u8>>>,
+    next: std::cell::RefCell<u64>,
+}
+
+impl wbstack::fs::btree::NodeStore for MemStore {
+    fn read(&self, block: u64) -> wbstack::fs::btree::TreeResult<Vec<u8>> {
+        self.blocks
+            .borrow()
+            .get(&block)
+            .cloned()
+            .ok_or(wbstack::fs::btree::TreeError::Io {
+                block,
+                why: "never written".into(),
+            })
+    }
+}
+
+impl MemStore {
+    /// Write the tree's dirty nodes to fresh blocks (never reused).
+    pub fn write(&self, tree: &mut wbstack::fs::btree::Tree, seq: u64) {
+        let w = tree
+            .write_dirty(seq, &mut || {
+                let mut n = self.next.borrow_mut();
+                *n += 1;
+                Ok(*n)
+            })
+            .unwrap();
+        let mut b = self.blocks.borrow_mut();
+        for (blk, bytes) in w.writes {
+            b.insert(blk, bytes);
+        }
+    }
+}
