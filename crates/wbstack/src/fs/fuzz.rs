@@ -451,8 +451,9 @@ pub fn mount_options() -> MountOptions {
 }
 
 /// Words of which a refusal must hold one: the structure found damaged.
-const STRUCTURES: [&str; 14] = [
+const STRUCTURES: [&str; 15] = [
     "superblock",
+    "tree",
     "checkpoint",
     "journal",
     "transaction",

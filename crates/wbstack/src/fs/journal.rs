@@ -264,7 +264,8 @@ pub fn load_after_superblock(
     let (mut meta, tree) = if sb.version >= TREE_VERSION {
         let root = metatree::decode_root(&ckpt.image)
             .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
-        let tree = MetaTree::open(q.clone(), sb.fs_id, data, root)?;
+        let tree = MetaTree::open(q.clone(), sb.fs_id, data, root)
+            .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
         let mut meta = tree
             .load(sb.fs_id, sb.data_start, sb.nr_blocks)
             .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
