@@ -1735,7 +1735,11 @@ impl Vol {
             cow
         };
         if let Some((start, buf)) = head {
-            mapping.write_at(start, &buf)?;
+            // Still a truncation in progress, which flush batches wait for: a throttled
+            // sleep here would wait for the flusher waiting for it (the library soak
+            // with a 4 MiB cache hung so: writers throttled, the flusher in
+            // `wait_truncations`, this write in `balance_dirty_pages`).
+            mapping.write_at_unthrottled(start, &buf)?;
         }
         if cow {
             self.queue_flush(super::flush::FlushReq {

@@ -408,6 +408,23 @@ impl Mapping {
     /// LRU entries and the global dirty counts published once per batch: per page, the
     /// lock, the LRU lock and four shared counters cost as much as the copy itself.
     pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize, BlkError> {
+        self.write_at_as(off, data, true)
+    }
+
+    /// `write_at` without the dirty throttle, for a write of a page or two made while
+    /// holding something the flusher waits for (a truncation's rewritten partial last
+    /// page: flush batches wait for truncations in progress, so a throttled sleep there
+    /// would wait for writeback that waits for it).
+    pub fn write_at_unthrottled(&self, off: u64, data: &[u8]) -> Result<usize, BlkError> {
+        debug_assert!(
+            data.len() <= 2 * PAGE_SIZE,
+            "an unthrottled write of {} bytes",
+            data.len()
+        );
+        self.write_at_as(off, data, false)
+    }
+
+    fn write_at_as(&self, off: u64, data: &[u8], throttle: bool) -> Result<usize, BlkError> {
         if data.is_empty() {
             return Ok(0);
         }
@@ -511,7 +528,7 @@ impl Mapping {
         self.queue_inode(&mut batch);
         let dirtied = batch.total_dirtied;
         self.cache().reclaim();
-        if dirtied > 0 {
+        if dirtied > 0 && throttle {
             self.bdi.balance_dirty_pages(dirtied);
         }
         Ok(done)
