@@ -253,39 +253,14 @@ fn a_100_tib_layout_is_instant_and_sane() {
 mod common;
 
 /// A version 1 image (superblock version 1, a checkpoint image without the v2 extras
-/// section) mounts, keeps its files, and is the current version (a metadata tree) on
-/// disk afterwards.
+/// section) mounts, keeps its files, and is version 3 (`DEFAULT_VERSION`) on disk
+/// afterwards.
 #[test]
 fn a_version_1_image_mounts_and_is_upgraded() {
-    use wbstack::block::BioFlags;
-    use wbstack::buf::IoBuf;
     use wbstack::fs::{MkfsOptions, Volume};
     let q = common::queue("sim:ssd,size=64M");
     let sb = Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
-    // Rewrite what mkfs made as version 1 would have: no extras section (the v2
-    // encoder writes an empty one: a zero count, 8 bytes), superblock version 1.
-    // (mkfs writes format 4, a metadata tree: the whole-image checkpoint of versions
-    // 1 to 3 is made here from the same fresh metadata.)
-    let (start, _) = sb.checkpoint[0];
-    let mut image = wbstack::fs::meta::Meta::mkfs(sb.data_start, sb.nr_blocks, 1).encode_image();
-    let n = image.len();
-    assert_eq!(&image[n - 8..], &[0u8; 8], "an empty extras section");
-    image.truncate(n - 8);
-    let c = Checkpoint {
-        fs_id: sb.fs_id,
-        seq: 1,
-        tid: 0,
-        journal_pos: 0,
-        image,
-    };
-    q.write_sync(start * 8, IoBuf::from_slice(&c.encode()), BioFlags::FUA)
-        .unwrap();
-    let mut old = sb.clone();
-    old.version = 1;
-    for b in SB_BLOCKS {
-        q.write_sync(b * 8, IoBuf::from_slice(&old.encode()), BioFlags::FUA)
-            .unwrap();
-    }
+    wbstack::fs::fuzz::make_version_1(&q, &sb).unwrap();
     let v = Volume::mount(q.clone(), common::quiet()).unwrap();
     let f = v.create("/kept").unwrap();
     f.write_at(0, b"v1 data").unwrap();

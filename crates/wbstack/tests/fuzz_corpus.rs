@@ -13,8 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use wbstack::block::{BioFlags, RequestQueue};
-use wbstack::buf::IoBuf;
+use wbstack::block::RequestQueue;
 use wbstack::fs::format::{Checkpoint, Superblock, Txn, CKPT_HEADER, SB_FIELDS, TXN_HEADER};
 use wbstack::fs::fuzz::{self, Outcome, SparseImage, FIX_CHECKSUMS, SEED_BLOCKS};
 use wbstack::fs::{Cred, MkfsOptions, OpenOptions, Volume, XattrMode};
@@ -242,32 +241,10 @@ fn images() -> Vec<(&'static str, Vec<u8>)> {
     drop(open);
     out.push(("tree-jdata-crashed", bytes_of(&q)));
 
-    // Version 1: no extras section in the checkpoint, superblock version 1. (mkfs
-    // writes format 4, a metadata tree: the whole-image checkpoint of versions 1 to 3
-    // is made from the same fresh metadata.)
+    // Version 1: no extras section in the checkpoint, superblock version 1.
     let q = empty_device();
     let sb = mkfs(&q);
-    let mut image = wbstack::fs::meta::Meta::mkfs(sb.data_start, sb.nr_blocks, 1).encode_image();
-    image.truncate(image.len() - 8);
-    let c = Checkpoint {
-        fs_id: sb.fs_id,
-        seq: 1,
-        tid: 0,
-        journal_pos: 0,
-        image,
-    };
-    q.write_sync(
-        sb.checkpoint[0].0 * 8,
-        IoBuf::from_slice(&c.encode()),
-        BioFlags::FUA,
-    )
-    .unwrap();
-    let mut old = sb.clone();
-    old.version = 1;
-    for b in [0, 1] {
-        q.write_sync(b * 8, IoBuf::from_slice(&old.encode()), BioFlags::FUA)
-            .unwrap();
-    }
+    fuzz::make_version_1(&q, &sb).unwrap();
     out.push(("v1", bytes_of(&q)));
     out
 }

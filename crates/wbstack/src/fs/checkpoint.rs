@@ -31,7 +31,14 @@ pub(super) struct MetaTree {
     pub tree: Tree,
     pub store: DeviceStore,
     cursor: u64,
-    last_written_bytes: u64,
+}
+
+/// What `MetaTree::write` did: the new root, the blocks of the nodes it replaced (free
+/// once the root is durable), and the bytes of nodes written.
+pub(super) struct TreeWrite {
+    pub root: Option<Root>,
+    pub freed: Vec<u64>,
+    pub bytes: u64,
 }
 
 fn tree_err(e: TreeError) -> FsError {
@@ -54,7 +61,6 @@ impl MetaTree {
             tree: Tree::open(fs_id, NODE_SIZE, root).map_err(tree_err)?,
             store: DeviceStore::new(q, NODE_SIZE, data, NODE_CACHE_BYTES),
             cursor,
-            last_written_bytes: 0,
         })
     }
 
@@ -84,7 +90,7 @@ impl MetaTree {
         ops: &[TreeOp],
         seq: u64,
         alloc: &mut dyn FnMut(u64, usize) -> FsResult<Vec<u64>>,
-    ) -> FsResult<(Option<Root>, Vec<u64>)> {
+    ) -> FsResult<TreeWrite> {
         metatree::apply(&mut self.tree, &self.store, ops).map_err(tree_err)?;
         let n = self.tree.dirty_nodes();
         let mut blocks = if n > 0 {
@@ -106,13 +112,11 @@ impl MetaTree {
             })
             .map_err(tree_err)?;
         self.store.write(&w.writes).map_err(tree_err)?;
-        self.last_written_bytes = (w.writes.len() * NODE_SIZE) as u64;
-        Ok((w.root, w.freed))
-    }
-
-    /// Bytes of nodes the last `write` wrote.
-    pub fn last_written_bytes(&self) -> u64 {
-        self.last_written_bytes
+        Ok(TreeWrite {
+            root: w.root,
+            freed: w.freed,
+            bytes: (w.writes.len() * NODE_SIZE) as u64,
+        })
     }
 
     /// The blocks went back to the allocator: their cached bytes are no nodes.

@@ -636,6 +636,39 @@ fn change(v: &Volume, c: &Cred, a_file: Option<(u64, Vec<u8>)>) {
     allowed("sync", v.sync());
 }
 
+/// Make the fresh filesystem `sb` on `q` what version 1 wrote: a whole-metadata
+/// checkpoint without the v2 extras section (the v2 encoder writes an empty one, a zero
+/// count of 8 bytes), superblock version 1. For tests and seeds of the upgrade path.
+pub fn make_version_1(
+    q: &Arc<RequestQueue>,
+    sb: &super::format::Superblock,
+) -> super::FsResult<()> {
+    use crate::block::BioFlags;
+    use crate::buf::IoBuf;
+    let mut image = Meta::mkfs(sb.data_start, sb.nr_blocks, 1).encode_image();
+    let n = image.len();
+    assert_eq!(&image[n - 8..], &[0u8; 8], "an empty extras section");
+    image.truncate(n - 8);
+    let c = super::format::Checkpoint {
+        fs_id: sb.fs_id,
+        seq: 1,
+        tid: 0,
+        journal_pos: 0,
+        image,
+    };
+    q.write_sync(
+        sb.checkpoint[0].0 * 8,
+        IoBuf::from_slice(&c.encode()),
+        BioFlags::FUA,
+    )?;
+    let mut old = sb.clone();
+    old.version = 1;
+    for b in super::format::SB_BLOCKS {
+        q.write_sync(b * 8, IoBuf::from_slice(&old.encode()), BioFlags::FUA)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

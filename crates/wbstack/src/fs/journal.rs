@@ -102,8 +102,8 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
         meta.alloc.set_meta_reserve(meta_reserve(sb.journal_blocks));
         let mut mt = MetaTree::open(q.clone(), fs_id, sb.data_start..nr, None)?;
         let ops = metatree::ops(&meta, &metatree::all_changes(&meta), fs_id);
-        let (root, _) = mt.write(&ops, 1, &mut |goal, n| alloc_nodes(&mut meta, goal, n))?;
-        metatree::encode_root(root)
+        let w = mt.write(&ops, 1, &mut |goal, n| alloc_nodes(&mut meta, goal, n))?;
+        metatree::encode_root(w.root)
     } else {
         meta.encode_image()
     };
@@ -509,17 +509,16 @@ impl Volume {
                 (MountCheckpoint::Image(enc), _) => (enc, Vec::new()),
                 (MountCheckpoint::Tree, Some(tree)) => {
                     let meta = &mut l.meta;
-                    let (root, freed) =
-                        tree.write(&[], seq, &mut |goal, n| alloc_nodes(meta, goal, n))?;
+                    let w = tree.write(&[], seq, &mut |goal, n| alloc_nodes(meta, goal, n))?;
                     let enc = Checkpoint {
                         fs_id: l.sb.fs_id,
                         seq,
                         tid: l.last_tid,
                         journal_pos: 0,
-                        image: metatree::encode_root(root),
+                        image: metatree::encode_root(w.root),
                     }
                     .encode();
-                    (enc, freed)
+                    (enc, w.freed)
                 }
                 (MountCheckpoint::Tree, None) => {
                     return Err(FsError::Corrupt("a tree checkpoint without a tree".into()))
@@ -1035,16 +1034,15 @@ impl Vol {
         let Some(mt) = guard.as_mut() else {
             return Err(FsError::Corrupt("a tree checkpoint without a tree".into()));
         };
-        let (root, freed) = mt.write(ops, seq, &mut |goal, n| {
+        let w = mt.write(ops, seq, &mut |goal, n| {
             alloc_nodes(&mut self.st.lock().meta, goal, n)
         })?;
-        let nodes = mt.last_written_bytes();
         let enc = Checkpoint {
             fs_id: self.sb.fs_id,
             seq,
             tid,
             journal_pos: 0,
-            image: metatree::encode_root(root),
+            image: metatree::encode_root(w.root),
         }
         .encode();
         self.q.write_sync(
@@ -1052,9 +1050,9 @@ impl Vol {
             IoBuf::from_slice(&enc),
             flags,
         )?;
-        free_nodes(&mut self.st.lock().meta, &freed)?;
-        mt.forget(&freed);
-        Ok(nodes + enc.len() as u64)
+        free_nodes(&mut self.st.lock().meta, &w.freed)?;
+        mt.forget(&w.freed);
+        Ok(w.bytes + enc.len() as u64)
     }
 
     pub(super) fn abort(&self, why: String) {

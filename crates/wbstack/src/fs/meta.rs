@@ -224,18 +224,35 @@ impl Meta {
         let mut root = Inode::new(InodeKind::Dir, 0o755, 0, 0, now_ns);
         root.links = 1;
         root.parent = ROOT_INO;
-        let mut m = Meta {
-            inodes: HashMap::new(),
-            next_ino: ROOT_INO + 1,
-            orphans: BTreeSet::new(),
-            alloc: Allocator::new(FreeSpace::new(data_start, nr_blocks)),
-            image_bytes: 0,
-            changes: None,
-            tree_blocks: BTreeSet::new(),
-        };
-        m.inodes.insert(ROOT_INO, Box::new(root));
+        let mut m = Meta::with_space(
+            HashMap::from([(ROOT_INO, Box::new(root))]),
+            ROOT_INO + 1,
+            BTreeSet::new(),
+            FreeSpace::new(data_start, nr_blocks),
+            BTreeSet::new(),
+        );
         m.image_bytes = m.encode_image().len() as u64 - m.free_bytes();
         m
+    }
+
+    /// The metadata of these parts over this free space, nothing reserved, deferred or
+    /// tracked; the caller sets `image_bytes`.
+    fn with_space(
+        inodes: HashMap<u64, Box<Inode>>,
+        next_ino: u64,
+        orphans: BTreeSet<u64>,
+        space: FreeSpace,
+        tree_blocks: BTreeSet<u64>,
+    ) -> Meta {
+        Meta {
+            inodes,
+            next_ino,
+            orphans,
+            alloc: Allocator::new(space),
+            image_bytes: 0,
+            changes: None,
+            tree_blocks,
+        }
     }
 
     fn free_bytes(&self) -> u64 {
@@ -807,15 +824,7 @@ impl Meta {
             return bad(format!("{} stray bytes after the image", r.remaining()));
         }
         let space = FreeSpace::from_extents(data_start, nr_blocks, free)?;
-        let mut m = Meta {
-            inodes,
-            next_ino,
-            orphans,
-            alloc: Allocator::new(space),
-            image_bytes: 0,
-            changes: None,
-            tree_blocks: BTreeSet::new(),
-        };
+        let mut m = Meta::with_space(inodes, next_ino, orphans, space, BTreeSet::new());
         m.image_bytes = buf.len() as u64 - nf * FREE_EXTENT_BYTES + if v1 { 8 } else { 0 };
         Ok(m)
     }
@@ -857,15 +866,13 @@ impl Meta {
             free.push((at, nr_blocks - at));
         }
         let space = FreeSpace::from_extents(data_start, nr_blocks, free)?;
-        let mut m = Meta {
+        let mut m = Meta::with_space(
             inodes,
             next_ino,
             orphans,
-            alloc: Allocator::new(space),
-            image_bytes: 0,
-            changes: None,
-            tree_blocks: used.iter().copied().collect(),
-        };
+            space,
+            used.iter().copied().collect(),
+        );
         m.image_bytes = m.encode_image().len() as u64 - m.free_bytes();
         Ok(m)
     }
