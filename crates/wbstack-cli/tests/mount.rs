@@ -332,6 +332,69 @@ fn tar_and_cp_trees_round_trip_through_unmount_fsck_and_remount() {
     fsck_clean(&img);
 }
 
+/// readdir through the kernel resumes by cookie (the name hash): a walk that removes
+/// each entry it is given, as `rm -r` does, while another thread creates and removes
+/// names of its own, is given every original entry exactly once, and "." and ".."
+/// come first.
+#[test]
+fn readdir_resumes_by_cookie_under_concurrent_creates_and_deletes() {
+    const FILES: usize = 5000;
+    let (_d, img) = image("256M");
+    let m = Mounted::new(img.to_str().unwrap(), &[]);
+    let dir = m.p("d");
+    std::fs::create_dir(&dir).unwrap();
+    for i in 0..FILES {
+        std::fs::File::create(dir.join(format!("f{i}"))).unwrap();
+    }
+    let all = sh(&format!("ls -a -f {}", dir.display()));
+    let first: Vec<&str> = all.lines().take(2).collect();
+    assert_eq!(
+        first,
+        [".", ".."],
+        "ls -a -f (directory order) begins with . and .."
+    );
+    assert_eq!(all.lines().count(), FILES + 2);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut seen = std::collections::BTreeSet::new();
+    std::thread::scope(|s| {
+        let churn = s.spawn(|| {
+            let mut k = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let p = dir.join(format!("c{}", k % 32));
+                if k % 64 < 32 {
+                    std::fs::File::create(&p).unwrap();
+                } else {
+                    std::fs::remove_file(&p).unwrap();
+                }
+                k += 1;
+            }
+            k
+        });
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().into_string().unwrap();
+            if name.starts_with('f') {
+                assert!(seen.insert(name.clone()), "{name} given twice");
+                std::fs::remove_file(e.path()).unwrap();
+            } else {
+                assert!(name.starts_with('c'), "a stranger: {name}");
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            churn.join().unwrap() > 0,
+            "the walk never overlapped a change"
+        );
+    });
+    assert_eq!(
+        seen.len(),
+        FILES,
+        "entries present throughout were not given"
+    );
+    m.umount();
+    fsck_clean(&img);
+}
+
 /// The pjdfstest cases known to fail on the mount, with why: the list only shrinks.
 const KNOWN_FAILURES: &str =
     include_str!("../../wbstack-fuse/tests/suites/pjdfstest-known-failures.txt");

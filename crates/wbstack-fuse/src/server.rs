@@ -39,9 +39,14 @@ const WAITERS: usize = 32;
 /// What an open file handle holds.
 enum Handle {
     File(File),
-    /// A directory listing taken at opendir: offsets index into it, so they stay
-    /// valid whatever is created or deleted meanwhile.
-    Dir(Vec<(Vec<u8>, u64, FileType)>),
+    /// A directory of the volume, walked by readdir cookie (the name hash): an offset
+    /// is the cookie of the entry before, so a resume holds nothing between calls and
+    /// stays valid whatever is created or deleted meanwhile (`wbstack::fs::dir`).
+    Dir {
+        ino: u64,
+    },
+    /// The control directory's listing, taken at opendir: offsets index into it.
+    CtlDir(Vec<(Vec<u8>, u64, FileType)>),
     Ctl {
         file: CtlFile,
         content: Vec<u8>,
@@ -183,6 +188,42 @@ impl WbFs {
 
     pub fn counters(&self) -> Arc<Counters> {
         self.counters.clone()
+    }
+
+    /// readdir of a volume directory from `offset`: "." at cookie 1, ".." at 2, then
+    /// the entries by cookie, a page at a time until the kernel's buffer is full. A
+    /// group of names sharing a cookie (a 63-bit hash collision) that the buffer splits
+    /// loses its rest to the resume, as on ext4.
+    fn readdir_volume(&self, ino: u64, offset: u64, mut reply: ReplyDirectory) {
+        const PAGE: usize = 128;
+        let vol = self.vol();
+        if offset < 1 && reply.add(INodeNo(ino), 1, FileType::Directory, OsStr::new(".")) {
+            return reply.ok();
+        }
+        if offset < 2 {
+            let parent = vol.parent_of(ino).unwrap_or(1);
+            if reply.add(INodeNo(parent), 2, FileType::Directory, OsStr::new("..")) {
+                return reply.ok();
+            }
+        }
+        let mut cookie = offset.max(2);
+        loop {
+            let page = match vol.readdir_page(ino, cookie, PAGE) {
+                Ok(p) => p,
+                // Removed while open: its walk has ended, as the kernel's does.
+                Err(FsError::NotFound(_)) => break,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            let Some(last) = page.last() else { break };
+            cookie = last.cookie;
+            for e in &page {
+                let name = OsStr::from_bytes(&e.name);
+                if reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), name) {
+                    return reply.ok();
+                }
+            }
+        }
+        reply.ok()
     }
 
     fn add_handle(&self, h: Handle) -> u64 {
@@ -575,7 +616,7 @@ impl fuser::Filesystem for WbFs {
                 let end = (start + size as usize).min(content.len());
                 reply.data(&content[start..end])
             }
-            Handle::Dir(_) => reply.error(Errno::EISDIR),
+            Handle::Dir { .. } | Handle::CtlDir(_) => reply.error(Errno::EISDIR),
         }
     }
 
@@ -621,7 +662,7 @@ impl fuser::Filesystem for WbFs {
                     }
                 }
             }
-            Handle::Dir(_) => reply.error(Errno::EISDIR),
+            Handle::Dir { .. } | Handle::CtlDir(_) => reply.error(Errno::EISDIR),
         }
     }
 
@@ -711,21 +752,13 @@ impl fuser::Filesystem for WbFs {
             for (i, f) in ctl::files() {
                 list.push((f.name().as_bytes().to_vec(), i, FileType::RegularFile));
             }
-            let fh = self.add_handle(Handle::Dir(list));
+            let fh = self.add_handle(Handle::CtlDir(list));
             return reply.opened(FileHandle(fh), FopenFlags::empty());
         }
-        let c = cred(req);
-        let vol = self.vol();
-        let entries = match vol.readdir_raw(&c, ino.0) {
-            Ok(e) => e,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        let parent = vol.parent_of(ino.0).unwrap_or(1);
-        let mut list = Vec::with_capacity(entries.len() + 2);
-        list.push((b".".to_vec(), ino.0, FileType::Directory));
-        list.push((b"..".to_vec(), parent, FileType::Directory));
-        list.extend(entries.into_iter().map(|(n, i, k)| (n, i, file_type(k))));
-        let fh = self.add_handle(Handle::Dir(list));
+        if let Err(e) = self.vol().opendir_as(&cred(req), ino.0) {
+            return reply.error(errno(&e));
+        }
+        let fh = self.add_handle(Handle::Dir { ino: ino.0 });
         reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
@@ -742,15 +775,18 @@ impl fuser::Filesystem for WbFs {
             Ok(h) => h,
             Err(e) => return reply.error(e),
         };
-        let Handle::Dir(list) = &*h else {
-            return reply.error(Errno::ENOTDIR);
-        };
-        for (i, (name, ino, kind)) in list.iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, OsStr::from_bytes(name)) {
-                break;
+        match &*h {
+            Handle::CtlDir(list) => {
+                for (i, (name, ino, kind)) in list.iter().enumerate().skip(offset as usize) {
+                    if reply.add(INodeNo(*ino), i as u64 + 1, *kind, OsStr::from_bytes(name)) {
+                        break;
+                    }
+                }
+                reply.ok()
             }
+            &Handle::Dir { ino } => self.readdir_volume(ino, offset, reply),
+            _ => reply.error(Errno::ENOTDIR),
         }
-        reply.ok()
     }
 
     fn releasedir(

@@ -24,6 +24,7 @@
 //! list of byte runs ([`pack_image`]), since an image is mostly zeros and a fuzzer
 //! mutates a few kilobytes far better than megabytes.
 
+use super::dir::DirPageEntry;
 use super::format::{
     crc, Checkpoint, Record, Superblock, Txn, BLOCK_SIZE, CKPT_HEADER, SB_BLOCKS, SB_FIELDS,
     TXN_HEADER,
@@ -64,6 +65,9 @@ pub const SEED_BLOCKS: u64 = 2048;
 /// First data block of a [`SEED_BLOCKS`] layout: two superblocks, a journal of 256
 /// blocks, two checkpoint slots of 512 (`Superblock::layout`'s minimums).
 pub const SEED_DATA_START: u64 = 2 + 256 + 2 * 512;
+/// The name-hash seed (a volume's fs_id) the checkpoint target decodes images with:
+/// only the order of directory entries depends on it.
+pub const SEED_NAME_SEED: u64 = 0;
 
 // ---- superblock --------------------------------------------------------------------
 
@@ -163,7 +167,7 @@ fn txn_props(buf: &[u8]) -> Outcome {
 /// apply changes nothing and is skipped); whatever state results must encode to a
 /// checkpoint image that decodes to it, or a checkpoint after replay would lose it.
 fn replay_records(records: &[Record]) {
-    let mut m = Meta::mkfs(SEED_DATA_START, SEED_BLOCKS, 0);
+    let mut m = Meta::mkfs(SEED_DATA_START, SEED_BLOCKS, 0, SEED_NAME_SEED);
     let applied = records
         .iter()
         .filter(|r| m.apply(r, ApplyMode::Replay).is_ok())
@@ -183,7 +187,7 @@ fn meta_round_trip(m: &Meta, exact: bool) {
             "the checkpoint image size estimate is wrong"
         );
     }
-    let back = Meta::decode_image(&img, SEED_DATA_START, SEED_BLOCKS)
+    let back = Meta::decode_image(&img, SEED_DATA_START, SEED_BLOCKS, SEED_NAME_SEED)
         .unwrap_or_else(|e| panic!("a checkpoint image the encoder wrote does not decode: {e}"));
     assert!(
         back.inodes == m.inodes && back.orphans == m.orphans && back.next_ino == m.next_ino,
@@ -237,7 +241,7 @@ fn metadata_image(img: &[u8]) -> Outcome {
             Err(e) => Outcome::Refused(e.to_string()),
         };
     }
-    let mut m = match Meta::decode_image(img, SEED_DATA_START, SEED_BLOCKS) {
+    let mut m = match Meta::decode_image(img, SEED_DATA_START, SEED_BLOCKS, SEED_NAME_SEED) {
         Ok(m) => m,
         Err(e) => return Outcome::Refused(format!("checkpoint image: {e}")),
     };
@@ -538,10 +542,25 @@ fn exercise(v: &Volume) {
         if seen.len() >= WALK_MAX || !seen.insert(d) {
             continue;
         }
-        let entries = v
-            .readdir_raw(&c, d)
-            .unwrap_or_else(|e| panic!("readdir of directory {d}: {e}"));
-        for (name, ino, kind) in entries {
+        if let Err(e) = v.opendir_as(&c, d) {
+            panic!("opendir of directory {d}: {e}");
+        }
+        // In small pages, so resuming from a cookie is exercised too.
+        let mut entries = Vec::new();
+        loop {
+            let after = entries.last().map_or(0, |e: &DirPageEntry| e.cookie);
+            let page = v
+                .readdir_page(d, after, 7)
+                .unwrap_or_else(|e| panic!("readdir of directory {d}: {e}"));
+            if page.is_empty() {
+                break;
+            }
+            entries.extend(page);
+        }
+        for DirPageEntry {
+            name, ino, kind, ..
+        } in entries
+        {
             if let Err(e) = v.getattr(ino) {
                 panic!("getattr of inode {ino}: {e}");
             }
@@ -645,7 +664,7 @@ pub fn make_version_1(
 ) -> super::FsResult<()> {
     use crate::block::BioFlags;
     use crate::buf::IoBuf;
-    let mut image = Meta::mkfs(sb.data_start, sb.nr_blocks, 1).encode_image();
+    let mut image = Meta::mkfs(sb.data_start, sb.nr_blocks, 1, sb.fs_id).encode_image();
     let n = image.len();
     assert_eq!(&image[n - 8..], &[0u8; 8], "an empty extras section");
     image.truncate(n - 8);

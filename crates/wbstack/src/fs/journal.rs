@@ -97,11 +97,11 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
             )))
         }
     };
-    let mut meta = Meta::mkfs(sb.data_start, nr, now);
+    let mut meta = Meta::mkfs(sb.data_start, nr, now, fs_id);
     let image = if sb.version >= TREE_VERSION {
         meta.alloc.set_meta_reserve(meta_reserve(sb.journal_blocks));
         let mut mt = MetaTree::open(q.clone(), fs_id, sb.data_start..nr, None)?;
-        let ops = metatree::ops(&meta, &metatree::all_changes(&meta), fs_id);
+        let ops = metatree::ops(&meta, &metatree::all_changes(&meta));
         let w = mt.write(&ops, 1, &mut |goal, n| alloc_nodes(&mut meta, goal, n))?;
         metatree::encode_root(w.root)
     } else {
@@ -274,7 +274,7 @@ pub fn load_after_superblock(
         meta.alloc.set_meta_reserve(meta_reserve(sb.journal_blocks));
         (meta, Some(tree))
     } else {
-        let meta = Meta::decode_image(&ckpt.image, sb.data_start, sb.nr_blocks)
+        let meta = Meta::decode_image(&ckpt.image, sb.data_start, sb.nr_blocks, sb.fs_id)
             .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
         (meta, None)
     };
@@ -338,7 +338,7 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountChe
     // The changes go into the tree now (reads only: writing is mount's), so what
     // cannot go in is found by fsck too.
     let changes = l.meta.take_changes();
-    let ops = metatree::ops(&l.meta, &changes, l.sb.fs_id);
+    let ops = metatree::ops(&l.meta, &changes);
     metatree::apply(&mut tree.tree, &tree.store, &ops)
         .map_err(|e| format!("the metadata tree: {e}"))?;
     Ok((orphans, Some(MountCheckpoint::Tree)))
@@ -906,7 +906,7 @@ impl Vol {
                 st.jblocks.clear();
                 if self.sb.version >= TREE_VERSION {
                     let changes = st.meta.take_changes();
-                    Payload::Tree(metatree::ops(&st.meta, &changes, self.sb.fs_id))
+                    Payload::Tree(metatree::ops(&st.meta, &changes))
                 } else {
                     Payload::Checkpoint(st.meta.encode_image())
                 }

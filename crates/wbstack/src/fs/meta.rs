@@ -12,6 +12,7 @@
 //! words, never a panic: the same code checks images for `fsck`.
 
 use super::alloc::{AllocError, Allocator, FreeSpace};
+use super::dir::Dir;
 use super::extents::ExtentMap;
 use super::format::{FormatError, InodeKind, Reader, Record, Writer, BLOCK_SIZE};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -61,8 +62,8 @@ pub struct Inode {
     pub ctime_ns: u64,
     /// file block -> (device block, length), non-overlapping; adjacent runs merged.
     pub extents: ExtentMap,
-    /// Directories: name -> inode.
-    pub entries: BTreeMap<Vec<u8>, u64>,
+    /// Directories: name -> inode, in readdir (name hash) order.
+    pub entries: Dir,
     /// Symlinks: the target.
     pub target: Vec<u8>,
     /// Directories: the directory holding its entry (the root is its own parent).
@@ -88,7 +89,7 @@ impl Inode {
             mtime_ns: t,
             ctime_ns: t,
             extents: ExtentMap::new(),
-            entries: BTreeMap::new(),
+            entries: Dir::new(),
             target: Vec::new(),
             parent: 0,
             subdirs: 0,
@@ -185,6 +186,9 @@ pub struct Meta {
     /// Blocks the metadata tree's durable nodes take (format 4): used, like extents,
     /// by "inode 0".
     pub tree_blocks: BTreeSet<u64>,
+    /// The seed of directory entries' name hashes (the volume's fs_id): their order and
+    /// readdir cookies, and the metadata tree's dirent keys.
+    pub name_seed: u64,
 }
 
 /// The keys of the durable state that records changed: each names a piece of metadata
@@ -220,7 +224,7 @@ const ENTRY_FIXED_BYTES: u64 = 4 + 8;
 
 impl Meta {
     /// A fresh filesystem: the root directory and every data block free.
-    pub fn mkfs(data_start: u64, nr_blocks: u64, now_ns: u64) -> Meta {
+    pub fn mkfs(data_start: u64, nr_blocks: u64, now_ns: u64, name_seed: u64) -> Meta {
         let mut root = Inode::new(InodeKind::Dir, 0o755, 0, 0, now_ns);
         root.links = 1;
         root.parent = ROOT_INO;
@@ -230,6 +234,7 @@ impl Meta {
             BTreeSet::new(),
             FreeSpace::new(data_start, nr_blocks),
             BTreeSet::new(),
+            name_seed,
         );
         m.image_bytes = m.encode_image().len() as u64 - m.free_bytes();
         m
@@ -243,6 +248,7 @@ impl Meta {
         orphans: BTreeSet<u64>,
         space: FreeSpace,
         tree_blocks: BTreeSet<u64>,
+        name_seed: u64,
     ) -> Meta {
         Meta {
             inodes,
@@ -252,6 +258,7 @@ impl Meta {
             image_bytes: 0,
             changes: None,
             tree_blocks,
+            name_seed,
         }
     }
 
@@ -376,7 +383,7 @@ impl Meta {
                         "link into inode {parent}, which is not a directory"
                     ));
                 }
-                if p.entries.contains_key(name) {
+                if p.entries.contains(self.name_seed, name) {
                     return bad(format!(
                         "link of {:?} into directory {parent}: the name exists",
                         String::from_utf8_lossy(name)
@@ -388,8 +395,9 @@ impl Meta {
                 if self.get(*ino)?.links == u32::MAX {
                     return bad(format!("link to inode {ino}, whose link count is full"));
                 }
+                let seed = self.name_seed;
                 let p = self.get_mut(*parent)?;
-                p.entries.insert(name.clone(), *ino);
+                p.entries.insert(seed, name, *ino);
                 p.subdirs += u32::from(child_is_dir);
                 let c = self.get_mut(*ino)?;
                 c.links += 1;
@@ -400,7 +408,7 @@ impl Meta {
             }
             Record::Unlink { parent, name, ino } => {
                 let p = self.get(*parent)?;
-                if p.entries.get(name) != Some(ino) {
+                if p.entries.get(self.name_seed, name) != Some(*ino) {
                     return bad(format!(
                         "unlink of {:?} from directory {parent}: it does not name inode {ino}",
                         String::from_utf8_lossy(name)
@@ -410,8 +418,9 @@ impl Meta {
                     return bad(format!("unlink of inode {ino} with no links"));
                 }
                 let child_is_dir = self.get(*ino)?.is_dir();
+                let seed = self.name_seed;
                 let p = self.get_mut(*parent)?;
-                p.entries.remove(name);
+                p.entries.remove(seed, name);
                 p.subdirs -= u32::from(child_is_dir);
                 let c = self.get_mut(*ino)?;
                 c.links -= 1;
@@ -682,7 +691,7 @@ impl Meta {
                 w.u64(f).u64(s).u64(l);
             }
             w.u32(i.entries.len() as u32);
-            for (name, &c) in &i.entries {
+            for (name, c) in i.entries.iter() {
                 w.bytes(name).u64(c);
             }
             w.bytes(&i.target);
@@ -714,7 +723,12 @@ impl Meta {
 
     /// Rebuild the metadata from a checkpoint image. Checks what decoding needs (bounds,
     /// kinds, names, the free map); `check` finds the rest.
-    pub fn decode_image(buf: &[u8], data_start: u64, nr_blocks: u64) -> Result<Meta, MetaError> {
+    pub fn decode_image(
+        buf: &[u8],
+        data_start: u64,
+        nr_blocks: u64,
+        name_seed: u64,
+    ) -> Result<Meta, MetaError> {
         let mut r = Reader::new(buf, "checkpoint image");
         let next_ino = r.u64()?;
         let n = r.u64()?;
@@ -760,7 +774,7 @@ impl Meta {
                     return bad(format!("directory {ino} has an invalid entry name"));
                 }
                 let c = r.u64()?;
-                if i.entries.insert(name, c).is_some() {
+                if i.entries.insert(name_seed, &name, c).is_some() {
                     return bad(format!("directory {ino} holds the same name twice"));
                 }
                 parents.push((c, ino));
@@ -824,7 +838,7 @@ impl Meta {
             return bad(format!("{} stray bytes after the image", r.remaining()));
         }
         let space = FreeSpace::from_extents(data_start, nr_blocks, free)?;
-        let mut m = Meta::with_space(inodes, next_ino, orphans, space, BTreeSet::new());
+        let mut m = Meta::with_space(inodes, next_ino, orphans, space, BTreeSet::new(), name_seed);
         m.image_bytes = buf.len() as u64 - nf * FREE_EXTENT_BYTES + if v1 { 8 } else { 0 };
         Ok(m)
     }
@@ -839,13 +853,14 @@ impl Meta {
         used: &[u64],
         data_start: u64,
         nr_blocks: u64,
+        name_seed: u64,
     ) -> Result<Meta, MetaError> {
         let mut parents = Vec::new();
         let mut taken: Vec<(u64, u64)> = used.iter().map(|&b| (b, 1)).collect();
         for (&ino, i) in &inodes {
             check_extent_order(ino, &i.extents)?;
             taken.extend(i.extents.values().copied());
-            parents.extend(i.entries.values().map(|&c| (c, ino)));
+            parents.extend(i.entries.inodes().map(|c| (c, ino)));
         }
         derive_parents(&mut inodes, parents);
         taken.sort_unstable();
@@ -872,6 +887,7 @@ impl Meta {
             orphans,
             space,
             used.iter().copied().collect(),
+            name_seed,
         );
         m.image_bytes = m.encode_image().len() as u64 - m.free_bytes();
         Ok(m)
@@ -994,9 +1010,9 @@ impl Meta {
                     "inode {ino} has directory entries but is not a directory"
                 ));
             }
-            for (name, c) in &i.entries {
+            for (name, c) in i.entries.iter() {
                 let n = String::from_utf8_lossy(name);
-                match self.inodes.get(c) {
+                match self.inodes.get(&c) {
                     None => p.push(format!(
                         "directory {ino}: entry {n:?} points at inode {c}, which does not exist"
                     )),
@@ -1004,7 +1020,7 @@ impl Meta {
                         "directory {c} is named {n:?} in {ino} but its parent is {}",
                         ci.parent
                     )),
-                    Some(_) => *refs.entry(*c).or_default() += 1,
+                    Some(_) => *refs.entry(c).or_default() += 1,
                 }
             }
             if i.kind == InodeKind::Symlink && i.target.is_empty() {
@@ -1054,7 +1070,7 @@ impl Meta {
             if let Some(i) = self.inodes.get(&d) {
                 stack.extend(
                     i.entries
-                        .values()
+                        .inodes()
                         .filter(|c| self.inodes.get(c).is_some_and(|ci| ci.is_dir())),
                 );
             }
@@ -1124,7 +1140,7 @@ mod tests {
 
     #[test]
     fn image_round_trip_and_checks() {
-        let mut m = Meta::mkfs(100, 10_000, 7);
+        let mut m = Meta::mkfs(100, 10_000, 7, 5);
         live(
             &mut m,
             Record::Create {
@@ -1173,7 +1189,7 @@ mod tests {
         assert_eq!(m.get(2).unwrap().extents.len(), 1, "adjacent runs merge");
         let img = m.encode_image();
         assert_eq!(img.len() as u64, m.image_bytes(), "size estimate is exact");
-        let back = Meta::decode_image(&img, 100, 10_000).unwrap();
+        let back = Meta::decode_image(&img, 100, 10_000, 5).unwrap();
         assert_eq!(back.inodes, m.inodes);
         assert!(back.check().is_empty(), "{:?}", back.check());
         // A truncate frees blocks only when its transaction commits.
@@ -1184,7 +1200,7 @@ mod tests {
 
     #[test]
     fn check_finds_double_ownership_and_bad_links() {
-        let mut m = Meta::mkfs(10, 1000, 0);
+        let mut m = Meta::mkfs(10, 1000, 0, 5);
         for ino in [2, 3] {
             m.apply(
                 &Record::Create {

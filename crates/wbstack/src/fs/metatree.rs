@@ -64,15 +64,16 @@ fn extent_key(ino: u64, fb: u64) -> Vec<u8> {
     k
 }
 
-/// FNV-1a over the seed and the name, with the top bit cleared and never 0 or 1, so a
-/// readdir cookie of 0 or 1 (the start, and `.`) is never a name's.
+/// FNV-1a over the seed and the name, with the top bit cleared (a cookie is a
+/// non-negative file position) and never below `dir::FIRST_COOKIE`, so the cookies of
+/// the start, `.` and `..` (0, 1, 2) are never a name's.
 pub fn name_hash(seed: u64, name: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in seed.to_le_bytes().iter().chain(name) {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    (h >> 1).max(2)
+    (h >> 1).max(super::dir::FIRST_COOKIE)
 }
 
 fn dirent_key(seed: u64, dir: u64, name: &[u8]) -> Vec<u8> {
@@ -127,7 +128,8 @@ fn put_chunks(ops: &mut Vec<TreeOp>, prefix: Vec<u8>, value: Option<&[u8]>) {
 
 /// The tree operations that bring a tree holding the state before `ch` to `meta`'s.
 /// Costs what changed, not what exists.
-pub fn ops(meta: &Meta, ch: &Changes, seed: u64) -> Vec<TreeOp> {
+pub fn ops(meta: &Meta, ch: &Changes) -> Vec<TreeOp> {
+    let seed = meta.name_seed;
     let mut ops = Vec::new();
     ops.push(TreeOp::Put(
         vec![FS_RECORD],
@@ -157,7 +159,7 @@ pub fn ops(meta: &Meta, ch: &Changes, seed: u64) -> Vec<TreeOp> {
     }
     for (dir, name) in &ch.dirents {
         let key = dirent_key(seed, *dir, name);
-        match live(*dir).and_then(|d| d.entries.get(name)) {
+        match live(*dir).and_then(|d| d.entries.get(seed, name)) {
             Some(c) => ops.push(TreeOp::Put(key, c.to_le_bytes().to_vec())),
             None => ops.push(TreeOp::Del(key)),
         }
@@ -202,7 +204,8 @@ pub fn all_changes(meta: &Meta) -> Changes {
     for (&ino, i) in &meta.inodes {
         c.inodes.insert(ino);
         c.extents.extend(i.extents.iter().map(|(&f, _)| (ino, f)));
-        c.dirents.extend(i.entries.keys().map(|n| (ino, n.clone())));
+        c.dirents
+            .extend(i.entries.iter().map(|(n, _)| (ino, n.to_vec())));
         if i.kind == InodeKind::Symlink {
             c.targets.insert(ino);
         }
@@ -426,7 +429,11 @@ pub fn load(
         let d = inodes
             .get_mut(&dir)
             .ok_or_else(|| corrupt(format!("an entry of {}", orphan_of(dir))))?;
-        d.entries.insert(name, c);
+        if d.entries.insert(seed, &name, c).is_some() {
+            return Err(corrupt(format!(
+                "directory {dir} holds the same name twice"
+            )));
+        }
     }
     for (ino, t) in targets {
         let i = inodes
@@ -444,7 +451,7 @@ pub fn load(
         return Err(corrupt("the root directory is missing".into()));
     }
     Ok(Meta::assemble(
-        inodes, next_ino, orphans, used, data_start, nr_blocks,
+        inodes, next_ino, orphans, used, data_start, nr_blocks, seed,
     )?)
 }
 

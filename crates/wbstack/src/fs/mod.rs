@@ -6,6 +6,7 @@
 //! - `checkpoint`: format 4's checkpoint, the tree written copy-on-write.
 //! - `alloc`: free space as an extent map; reservations, goal cursor, deferred frees.
 //! - `extents`: an inode's extent map (inline while it holds one extent).
+//! - `dir`: a directory's entries in readdir order (by name hash: the cookies).
 //! - `icache`: the inode cache (mappings of files, evicted past a limit when at rest).
 //! - `metatree`: the metadata as keys of the B+tree (schema, incremental ops, load).
 //! - `meta`: the durable metadata and the one `apply` that both live operations and
@@ -20,6 +21,7 @@
 pub mod alloc;
 pub mod btree;
 mod checkpoint;
+pub mod dir;
 pub mod error;
 pub mod extents;
 pub mod flush;
@@ -37,6 +39,7 @@ pub mod perm;
 pub mod tunables;
 pub mod volume;
 
+pub use dir::DirPageEntry;
 pub use error::{FsError, FsResult};
 pub use flush::FlushHandle;
 pub use format::InodeKind;

@@ -3,6 +3,7 @@
 //! asks `fs::perm` before changing anything. The path-based API of `volume.rs` is the
 //! library's own and runs as root.
 
+use super::dir::DirPageEntry;
 use super::error::{FsError, FsResult};
 use super::format::{InodeKind, Record, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 use super::perm::{self, Cred, MAY_EXEC, MAY_READ, MAY_WRITE};
@@ -262,23 +263,30 @@ impl Volume {
         Ok(())
     }
 
-    /// The names of directory `ino`'s entries (without "." and "..", in name order, not
-    /// necessarily UTF-8) with their inodes and kinds. The caller needs read
-    /// permission, as opendir does.
-    pub fn readdir_raw(&self, c: &Cred, ino: u64) -> FsResult<Vec<(Vec<u8>, u64, InodeKind)>> {
+    /// opendir: `ino` is a directory `c` may read. What a walk of it then returns is
+    /// `readdir_page`'s.
+    pub fn opendir_as(&self, c: &Cred, ino: u64) -> FsResult<()> {
         let st = self.vol.st.lock();
         let d = st.inode(ino)?;
         if !d.is_dir() {
             return Err(FsError::NotDir(format!("inode {ino}")));
         }
-        perm::check(c, d, MAY_READ, "readdir")?;
-        Ok(d.entries
-            .iter()
-            .map(|(n, &e)| {
-                let kind = st.meta.inodes.get(&e).map_or(InodeKind::File, |i| i.kind);
-                (n.clone(), e, kind)
-            })
-            .collect())
+        perm::check(c, d, MAY_READ, "readdir")
+    }
+
+    /// Up to `max` entries of directory `ino` after readdir cookie `cookie` (0: from
+    /// the start; "." and ".." are the caller's, at cookies 1 and 2), in cookie order,
+    /// names not necessarily UTF-8. A walk resumed from each page's last cookie returns
+    /// every entry that exists throughout it exactly once, whatever is created and
+    /// removed meanwhile, and costs O(log n) a page: nothing is kept between pages
+    /// (`fs::dir`). Permission is opendir's (`opendir_as`), as POSIX checks it at open.
+    pub fn readdir_page(&self, ino: u64, cookie: u64, max: usize) -> FsResult<Vec<DirPageEntry>> {
+        let st = self.vol.st.lock();
+        let d = st.inode(ino)?;
+        if !d.is_dir() {
+            return Err(FsError::NotDir(format!("inode {ino}")));
+        }
+        Ok(d.entries.page(cookie, max, |c| st.kind_of(c)))
     }
 
     /// The parent of directory `ino` (for "..").

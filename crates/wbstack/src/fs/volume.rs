@@ -630,6 +630,17 @@ impl State {
             .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))
     }
 
+    /// The kind of inode `ino`, which a directory entry names (so it exists: fsck's
+    /// invariant).
+    pub(super) fn kind_of(&self, ino: u64) -> InodeKind {
+        let i = self.meta.inodes.get(&ino);
+        debug_assert!(
+            i.is_some(),
+            "a directory entry names inode {ino}, which is gone"
+        );
+        i.map_or(InodeKind::File, |i| i.kind)
+    }
+
     /// Look `name` up in directory `dir`.
     pub(super) fn lookup(&self, dir: u64, name: &[u8]) -> FsResult<u64> {
         let d = self.inode(dir)?;
@@ -641,8 +652,7 @@ impl State {
             b".." => Ok(d.parent.max(ROOT_INO)),
             _ => d
                 .entries
-                .get(name)
-                .copied()
+                .get(self.meta.name_seed, name)
                 .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned())),
         }
     }
@@ -1909,14 +1919,19 @@ impl Volume {
         if !d.is_dir() {
             return Err(FsError::NotDir(path.to_string()));
         }
-        Ok(d.entries
+        let mut all: Vec<DirEntry> = d
+            .entries
             .iter()
-            .map(|(n, &c)| DirEntry {
+            .map(|(n, c)| DirEntry {
                 name: String::from_utf8_lossy(n).into_owned(),
                 ino: c,
-                kind: st.meta.inodes.get(&c).map_or(InodeKind::File, |i| i.kind),
+                kind: st.kind_of(c),
             })
-            .collect())
+            .collect();
+        // The whole listing in name order (readdir's own order, the cookies', is the
+        // name hash's: see `Vol::readdir_page`).
+        all.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
     }
 
     /// chmod / chown / utimes.

@@ -1,0 +1,232 @@
+//! A directory's entries, in the order readdir returns them: by a seeded 64-bit hash
+//! of the name (`metatree::name_hash`, the order of the metadata tree's keys), then by
+//! name. The hash is the readdir cookie, as ext4's htree hash is: resuming "after
+//! cookie c" is a range lookup, so a walk of a directory of any size costs O(log n)
+//! per resume and holds nothing between calls, and an entry that exists for the whole
+//! walk is returned exactly once however many entries are created or removed
+//! meanwhile (POSIX leaves only those to chance).
+//!
+//! Names whose hashes collide share a cookie; a page of entries never ends inside such
+//! a group (`Dir::page`), so a resume never skips part of one.
+
+use super::format::InodeKind;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+pub use super::metatree::name_hash;
+
+/// Cookies below this are the walk's own: 0 the start, 1 after `.`, 2 after `..`.
+/// Every name's hash is at least this.
+pub const FIRST_COOKIE: u64 = 3;
+
+/// The names that share one hash: almost always one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Slot {
+    One((Box<[u8]>, u64)),
+    /// Two or more, sorted by name.
+    Many(Vec<(Box<[u8]>, u64)>),
+}
+
+/// One entry of a page of readdir.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirPageEntry {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub kind: InodeKind,
+    /// Resume after this to continue past this entry.
+    pub cookie: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dir {
+    by_hash: BTreeMap<u64, Slot>,
+    len: usize,
+}
+
+impl Dir {
+    pub fn new() -> Dir {
+        Dir::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The inode `name` names, under the volume's hash seed `seed`.
+    pub fn get(&self, seed: u64, name: &[u8]) -> Option<u64> {
+        self.get_at(name_hash(seed, name), name)
+    }
+
+    fn get_at(&self, h: u64, name: &[u8]) -> Option<u64> {
+        match self.by_hash.get(&h)? {
+            Slot::One((n, ino)) => (**n == *name).then_some(*ino),
+            Slot::Many(v) => v.iter().find(|(n, _)| **n == *name).map(|e| e.1),
+        }
+    }
+
+    pub fn contains(&self, seed: u64, name: &[u8]) -> bool {
+        self.get(seed, name).is_some()
+    }
+
+    /// Add or replace `name`; the inode it named before, if any.
+    pub fn insert(&mut self, seed: u64, name: &[u8], ino: u64) -> Option<u64> {
+        self.insert_at(name_hash(seed, name), name, ino)
+    }
+
+    fn insert_at(&mut self, h: u64, name: &[u8], ino: u64) -> Option<u64> {
+        debug_assert!(
+            h >= FIRST_COOKIE,
+            "a name's hash {h} below the first cookie"
+        );
+        let Some(slot) = self.by_hash.get_mut(&h) else {
+            self.by_hash.insert(h, Slot::One((name.into(), ino)));
+            self.len += 1;
+            return None;
+        };
+        let v = match slot {
+            Slot::One((n, old)) if **n == *name => return Some(std::mem::replace(old, ino)),
+            Slot::One((n, old)) => {
+                let first = (std::mem::take(n), *old);
+                *slot = Slot::Many(vec![first]);
+                let Slot::Many(v) = slot else { unreachable!() };
+                v
+            }
+            Slot::Many(v) => v,
+        };
+        match v.binary_search_by(|(n, _)| (**n).cmp(name)) {
+            Ok(i) => Some(std::mem::replace(&mut v[i].1, ino)),
+            Err(i) => {
+                v.insert(i, (name.into(), ino));
+                self.len += 1;
+                None
+            }
+        }
+    }
+
+    /// Remove `name`; the inode it named, if any.
+    pub fn remove(&mut self, seed: u64, name: &[u8]) -> Option<u64> {
+        self.remove_at(name_hash(seed, name), name)
+    }
+
+    fn remove_at(&mut self, h: u64, name: &[u8]) -> Option<u64> {
+        let slot = self.by_hash.get_mut(&h)?;
+        let ino = match slot {
+            Slot::One((n, ino)) => {
+                if **n != *name {
+                    return None;
+                }
+                let ino = *ino;
+                self.by_hash.remove(&h);
+                ino
+            }
+            Slot::Many(v) => {
+                let i = v.iter().position(|(n, _)| **n == *name)?;
+                let (_, ino) = v.remove(i);
+                debug_assert!(!v.is_empty(), "a shared slot of one name");
+                if v.len() == 1 {
+                    let last = v.pop().expect("one left");
+                    *slot = Slot::One(last);
+                }
+                ino
+            }
+        };
+        self.len -= 1;
+        Some(ino)
+    }
+
+    /// Every entry, in cookie order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], u64)> + '_ {
+        self.iter_after(0).map(|(_, n, i)| (n, i))
+    }
+
+    /// The inodes the entries name, in cookie order.
+    pub fn inodes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.iter().map(|(_, i)| i)
+    }
+
+    /// (cookie, name, inode) of the entries after `cookie`, in cookie order.
+    pub fn iter_after(&self, cookie: u64) -> impl Iterator<Item = (u64, &[u8], u64)> + '_ {
+        self.by_hash
+            .range((Bound::Excluded(cookie), Bound::Unbounded))
+            .flat_map(|(&h, s)| {
+                let names = match s {
+                    Slot::One(e) => std::slice::from_ref(e),
+                    Slot::Many(v) => v.as_slice(),
+                };
+                names.iter().map(move |(n, i)| (h, &**n, *i))
+            })
+    }
+
+    /// Up to `max` entries after `cookie` (more only to finish a group of names sharing
+    /// a cookie, which a resume could not split), each with its kind from `kind_of`.
+    pub fn page(
+        &self,
+        cookie: u64,
+        max: usize,
+        kind_of: impl Fn(u64) -> InodeKind,
+    ) -> Vec<DirPageEntry> {
+        let mut out: Vec<DirPageEntry> = Vec::new();
+        for (c, name, ino) in self.iter_after(cookie) {
+            if out.len() >= max && out.last().is_none_or(|l| l.cookie != c) {
+                break;
+            }
+            out.push(DirPageEntry {
+                name: name.to_vec(),
+                ino,
+                kind: kind_of(ino),
+                cookie: c,
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(p: &[DirPageEntry]) -> Vec<&[u8]> {
+        p.iter().map(|e| &e.name[..]).collect()
+    }
+
+    /// Names forced onto one hash (a real collision of the 63-bit hash is too rare to
+    /// find): they share a slot, sorted by name, and fall back to one slot as they go.
+    #[test]
+    fn names_sharing_a_hash_share_a_cookie_and_a_page() {
+        let mut d = Dir::new();
+        assert_eq!(d.insert_at(10, b"c", 3), None);
+        assert_eq!(d.insert_at(10, b"a", 1), None);
+        assert_eq!(d.insert_at(10, b"b", 2), None);
+        assert_eq!(d.insert_at(5, b"x", 9), None);
+        assert_eq!(d.insert_at(20, b"y", 8), None);
+        assert_eq!(
+            d.insert_at(10, b"b", 4),
+            Some(2),
+            "a replace, not a second b"
+        );
+        assert_eq!(d.len(), 5);
+        assert_eq!((d.get_at(10, b"a"), d.get_at(10, b"b")), (Some(1), Some(4)));
+        assert_eq!(d.get_at(10, b"z"), None);
+        let file = |_| InodeKind::File;
+        // A page of 2 ends after x and the first of the group: the group is finished.
+        let p = d.page(0, 2, file);
+        assert_eq!(names(&p), [&b"x"[..], b"a", b"b", b"c"]);
+        assert_eq!(
+            p.iter().map(|e| e.cookie).collect::<Vec<_>>(),
+            [5, 10, 10, 10]
+        );
+        assert_eq!(names(&d.page(10, 2, file)), [&b"y"[..]]);
+        assert_eq!(d.remove_at(10, b"a"), Some(1));
+        assert_eq!(d.remove_at(10, b"a"), None);
+        assert_eq!(d.remove_at(10, b"c"), Some(3));
+        assert_eq!(d.by_hash.get(&10), Some(&Slot::One((b"b"[..].into(), 4))));
+        assert_eq!(d.remove_at(10, b"q"), None, "another name of the same hash");
+        assert_eq!(d.remove_at(10, b"b"), Some(4));
+        assert_eq!(d.len(), 2);
+        assert_eq!(names(&d.page(0, 10, file)), [&b"x"[..], b"y"]);
+    }
+}
