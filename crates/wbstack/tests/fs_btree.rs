@@ -44,19 +44,28 @@ impl Harness {
         self.seq += 1;
         let reusable = &mut self.reusable;
         let next = &mut self.next_block;
+        let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
         let w = self
             .tree
-            .write_dirty(self.seq, &mut || {
-                Ok(reusable.pop().unwrap_or_else(|| {
-                    *next += 1;
-                    *next
-                }))
-            })
+            .write_dirty(
+                self.seq,
+                &mut || {
+                    Ok(reusable.pop().unwrap_or_else(|| {
+                        *next += 1;
+                        *next
+                    }))
+                },
+                &mut |b, bytes| {
+                    writes.push((b, bytes));
+                    Ok(())
+                },
+            )
             .unwrap();
-        for (b, bytes) in &w.writes {
+        assert_eq!(w.nodes, writes.len());
+        for (b, bytes) in writes {
             assert_eq!(bytes.len(), NODE);
-            assert!(self.live.insert(*b), "block {b} written while in use");
-            self.store.blocks.borrow_mut().insert(*b, bytes.clone());
+            assert!(self.live.insert(b), "block {b} written while in use");
+            self.store.blocks.borrow_mut().insert(b, bytes);
         }
         for b in &w.freed {
             assert!(self.live.remove(b), "freed block {b} was not in use");
@@ -237,26 +246,29 @@ fn a_stale_node_at_a_reused_block_is_caught() {
     }
     h.seq += 1;
     let next = &mut h.next_block;
+    let blocks = &h.store.blocks;
+    let mut keep = |b: u64, bytes: Vec<u8>| {
+        blocks.borrow_mut().insert(b, bytes);
+        Ok(())
+    };
     let w1 = h
         .tree
-        .write_dirty(h.seq, &mut || {
-            *next += 1;
-            Ok(*next)
-        })
+        .write_dirty(
+            h.seq,
+            &mut || {
+                *next += 1;
+                Ok(*next)
+            },
+            &mut keep,
+        )
         .unwrap();
-    for (b, bytes) in &w1.writes {
-        h.store.blocks.borrow_mut().insert(*b, bytes.clone());
-    }
     h.tree.insert(&h.store, b"\x09", b"new").unwrap();
     let old_block = w1.root.unwrap().ptr.block;
     let w2 = h
         .tree
-        .write_dirty(h.seq + 1, &mut || Ok(old_block))
+        .write_dirty(h.seq + 1, &mut || Ok(old_block), &mut keep)
         .unwrap();
     assert_eq!(w2.freed, vec![old_block]);
-    for (b, bytes) in &w2.writes {
-        h.store.blocks.borrow_mut().insert(*b, bytes.clone());
-    }
     let stale = Tree::open(FS_ID, NODE, w1.root).unwrap();
     assert!(stale.get(&h.store, &[1]).is_err());
     let fresh = Tree::open(FS_ID, NODE, w2.root).unwrap();
@@ -276,13 +288,21 @@ fn nodes_on_a_device_are_read_once_then_from_a_bounded_cache() {
             .unwrap();
     }
     let mut next = 100;
+    let mut writes = Vec::new();
     let w = tree
-        .write_dirty(1, &mut || {
-            next += 1;
-            Ok(next)
-        })
+        .write_dirty(
+            1,
+            &mut || {
+                next += 1;
+                Ok(next)
+            },
+            &mut |b, bytes| {
+                writes.push((b, bytes));
+                Ok(())
+            },
+        )
         .unwrap();
-    store.write(&w.writes).unwrap();
+    store.write(writes).unwrap();
     let reads = || q.diskstats().ios[0];
     let before = reads();
     // Written nodes are cached as written: a lookup reads nothing.
@@ -292,7 +312,7 @@ fn nodes_on_a_device_are_read_once_then_from_a_bounded_cache() {
     // A cold store reads each node once, then serves the walk from memory.
     let cold = DeviceStore::new(q.clone(), 4096, area.clone(), 1 << 20);
     let nodes = t.check(&cold).unwrap().len() as u64;
-    assert_eq!(nodes, w.writes.len() as u64);
+    assert_eq!(nodes, w.nodes as u64);
     assert_eq!(reads() - before, nodes);
     t.check(&cold).unwrap();
     assert_eq!(reads() - before, nodes, "the second walk hit the cache");

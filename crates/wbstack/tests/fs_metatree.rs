@@ -78,7 +78,7 @@ proptest! {
         let store = MemStore::default();
         let mut tree = Tree::new(FS_ID, NODE);
         // The first checkpoint writes everything there is.
-        let all = metatree::ops(&meta, &metatree::all_changes(&meta));
+        let all = metatree::ops(&meta, metatree::all_changes(&meta));
         metatree::apply(&mut tree, &store, &all).unwrap();
         meta.track_changes(true);
         for (n, batch) in batches.into_iter().enumerate() {
@@ -87,7 +87,7 @@ proptest! {
                 let _ = meta.apply(&r, ApplyMode::Replay);
             }
             let ch = meta.take_changes();
-            let ops = metatree::ops(&meta, &ch);
+            let ops = metatree::ops(&meta, ch);
             metatree::apply(&mut tree, &store, &ops).unwrap();
             store.write(&mut tree, n as u64 + 1);
             let loaded = metatree::load(&tree, &store, seed, &[], DATA_START, NR_BLOCKS).unwrap();
@@ -96,7 +96,7 @@ proptest! {
         }
         // A tree built from scratch holds the same.
         let mut fresh = Tree::new(FS_ID, NODE);
-        let all = metatree::ops(&meta, &metatree::all_changes(&meta));
+        let all = metatree::ops(&meta, metatree::all_changes(&meta));
         metatree::apply(&mut fresh, &store, &all).unwrap();
         let a = tree.range(&store, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded).unwrap();
         let b = fresh.range(&store, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded).unwrap();
@@ -146,7 +146,7 @@ fn a_small_change_makes_few_operations() {
     meta.track_changes(true);
     meta.apply(&Record::SetSize { ino: 77, size: 5 }, ApplyMode::Replay)
         .unwrap();
-    let ops = metatree::ops(&meta, &meta.clone().take_changes());
+    let ops = metatree::ops(&meta, meta.clone().take_changes());
     let ch = meta.take_changes();
     assert_eq!(ch.inodes.len(), 1);
     // The filesystem record and the one inode: not the 2000 others.

@@ -10,8 +10,9 @@ use super::wbt::{self, Wbt, WbtConfig, WbtState};
 use crate::buf::IoBuf;
 use crate::clock::{ClockRef, RealClock};
 use crate::dev::{self, Completer, DeviceRef, Geometry, RqComplete};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -680,7 +681,9 @@ impl BioEndIo for SplitParent {
 /// thread's plug, so waiting on one's own plugged IO cannot deadlock.
 #[derive(Default)]
 pub struct BioWait {
-    done: Mutex<Vec<(Bio, BlkResult)>>,
+    /// In completion order; a deque so that taking them one at a time
+    /// (`wait_one`) costs O(1) each, not a shift of the rest.
+    done: Mutex<VecDeque<(Bio, BlkResult)>>,
     cv: Condvar,
 }
 
@@ -691,6 +694,18 @@ impl BioWait {
 
     /// Wait until at least `n` bios have completed and take them (completion order).
     pub fn wait_n(&self, n: usize) -> Vec<(Bio, BlkResult)> {
+        Vec::from(std::mem::take(&mut *self.wait_for(n)))
+    }
+
+    /// Wait for the first completion not yet taken and take it.
+    pub fn wait_one(&self) -> (Bio, BlkResult) {
+        self.wait_for(1)
+            .pop_front()
+            .expect("waited for a completion")
+    }
+
+    /// The completions, once at least `n` are in.
+    fn wait_for(&self, n: usize) -> MutexGuard<'_, VecDeque<(Bio, BlkResult)>> {
         plug::flush_plug();
         let mut d = self.done.lock();
         while d.len() < n {
@@ -702,16 +717,7 @@ impl BioWait {
                 self.cv.wait(&mut d);
             }
         }
-        std::mem::take(&mut *d)
-    }
-
-    pub fn wait_one(&self) -> (Bio, BlkResult) {
-        let mut v = self.wait_n(1);
-        let first = v.remove(0);
-        if !v.is_empty() {
-            self.done.lock().extend(v);
-        }
-        first
+        d
     }
 
     pub fn completed(&self) -> usize {
@@ -721,7 +727,7 @@ impl BioWait {
 
 impl BioEndIo for BioWait {
     fn end_io(&self, bio: Bio, status: BlkResult) {
-        self.done.lock().push((bio, status));
+        self.done.lock().push_back((bio, status));
         self.cv.notify_all();
     }
 }

@@ -25,6 +25,8 @@ use std::sync::Arc;
 pub const NODE_SIZE: usize = 4096;
 /// Bytes of tree nodes kept in memory (written or read), beyond the dirty ones.
 pub const NODE_CACHE_BYTES: usize = 128 << 20;
+/// Nodes a checkpoint sends to the device at a time (4 MiB).
+const WRITE_BATCH: usize = 1024;
 
 /// The volume's tree, its nodes' store, and where the next node goes.
 pub(super) struct MetaTree {
@@ -103,19 +105,33 @@ impl MetaTree {
             self.cursor = last + 1;
         }
         blocks.reverse();
+        // Sent a batch at a time as they are encoded: a checkpoint's nodes are held
+        // once (in memory as nodes, or as bytes in flight), not in every form at once.
+        let mut batch: Vec<(u64, Vec<u8>)> = Vec::with_capacity(WRITE_BATCH);
+        let store = &self.store;
         let w = self
             .tree
-            .write_dirty(seq, &mut || {
-                blocks
-                    .pop()
-                    .ok_or_else(|| TreeError::NoSpace("fewer blocks than dirty nodes".into()))
-            })
+            .write_dirty(
+                seq,
+                &mut || {
+                    blocks
+                        .pop()
+                        .ok_or_else(|| TreeError::NoSpace("fewer blocks than dirty nodes".into()))
+                },
+                &mut |b, bytes| {
+                    batch.push((b, bytes));
+                    if batch.len() < WRITE_BATCH {
+                        return Ok(());
+                    }
+                    store.write(std::mem::take(&mut batch))
+                },
+            )
             .map_err(tree_err)?;
-        self.store.write(&w.writes).map_err(tree_err)?;
+        self.store.write(batch).map_err(tree_err)?;
         Ok(TreeWrite {
             root: w.root,
             freed: w.freed,
-            bytes: (w.writes.len() * NODE_SIZE) as u64,
+            bytes: (w.nodes * NODE_SIZE) as u64,
         })
     }
 

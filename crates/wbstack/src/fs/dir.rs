@@ -61,7 +61,8 @@ impl Dir {
         self.get_at(name_hash(seed, name), name)
     }
 
-    fn get_at(&self, h: u64, name: &[u8]) -> Option<u64> {
+    /// `get` with the name's hash known.
+    pub(super) fn get_at(&self, h: u64, name: &[u8]) -> Option<u64> {
         match self.by_hash.get(&h)? {
             Slot::One((n, ino)) => (**n == *name).then_some(*ino),
             Slot::Many(v) => v.iter().find(|(n, _)| **n == *name).map(|e| e.1),

@@ -101,7 +101,7 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
     let image = if sb.version >= TREE_VERSION {
         meta.alloc.set_meta_reserve(meta_reserve(sb.journal_blocks));
         let mut mt = MetaTree::open(q.clone(), fs_id, sb.data_start..nr, None)?;
-        let ops = metatree::ops(&meta, &metatree::all_changes(&meta));
+        let ops = metatree::ops(&meta, metatree::all_changes(&meta));
         let w = mt.write(&ops, 1, &mut |goal, n| alloc_nodes(&mut meta, goal, n))?;
         metatree::encode_root(w.root)
     } else {
@@ -338,7 +338,7 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountChe
     // The changes go into the tree now (reads only: writing is mount's), so what
     // cannot go in is found by fsck too.
     let changes = l.meta.take_changes();
-    let ops = metatree::ops(&l.meta, &changes);
+    let ops = metatree::ops(&l.meta, changes);
     metatree::apply(&mut tree.tree, &tree.store, &ops)
         .map_err(|e| format!("the metadata tree: {e}"))?;
     Ok((orphans, Some(MountCheckpoint::Tree)))
@@ -681,7 +681,9 @@ fn committer(weak: Weak<Vol>) {
 enum Payload {
     Txn(Vec<u8>),
     Checkpoint(Vec<u8>),
-    Tree(Vec<metatree::TreeOp>),
+    /// The changed keys' values, taken under `st`; their tree operations are built
+    /// without it.
+    Tree(metatree::Captured),
 }
 
 impl Vol {
@@ -906,7 +908,7 @@ impl Vol {
                 st.jblocks.clear();
                 if self.sb.version >= TREE_VERSION {
                     let changes = st.meta.take_changes();
-                    Payload::Tree(metatree::ops(&st.meta, &changes))
+                    Payload::Tree(metatree::capture(&st.meta, changes))
                 } else {
                     Payload::Checkpoint(st.meta.encode_image())
                 }
@@ -966,7 +968,8 @@ impl Vol {
                 };
                 (r, n, 0, Some((slot, seq)))
             }
-            Payload::Tree(ops) => {
+            Payload::Tree(captured) => {
+                let ops = captured.ops();
                 // As above: journaled data home first.
                 self.wait_home(tid);
                 let (slot, seq) = {

@@ -192,21 +192,25 @@ pub struct Meta {
 }
 
 /// The keys of the durable state that records changed: each names a piece of metadata
-/// whose current value (or absence) the next checkpoint writes.
+/// whose current value (or absence) the next checkpoint writes. Noted by appending,
+/// repeats and all: every record of a running filesystem notes something here, under
+/// `st`, and a sorted set's insert (with a name's comparisons through its heap
+/// pointer) cost creates more than the rest of the checkpoint. `metatree::ops` sorts
+/// and drops repeats once, at the checkpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     /// An inode's own fields (kind, mode, owner, links, size, times, rdev).
-    pub inodes: BTreeSet<u64>,
+    pub inodes: Vec<u64>,
     /// (inode, file block) of an extent.
-    pub extents: BTreeSet<(u64, u64)>,
+    pub extents: Vec<(u64, u64)>,
     /// (directory, name) of an entry.
-    pub dirents: BTreeSet<(u64, Vec<u8>)>,
-    pub targets: BTreeSet<u64>,
+    pub dirents: Vec<(u64, Vec<u8>)>,
+    pub targets: Vec<u64>,
     /// (inode, name) of an extended attribute.
-    pub xattrs: BTreeSet<(u64, Vec<u8>)>,
-    pub orphans: BTreeSet<u64>,
+    pub xattrs: Vec<(u64, Vec<u8>)>,
+    pub orphans: Vec<u64>,
     /// Inodes deleted: every key of theirs goes.
-    pub deleted: BTreeSet<u64>,
+    pub deleted: Vec<u64>,
 }
 
 impl Changes {
@@ -308,27 +312,27 @@ impl Meta {
                 | Record::SetSize { ino, .. }
                 | Record::SetAttr { ino, .. }
                 | Record::SetRdev { ino, .. } => {
-                    c.inodes.insert(*ino);
+                    c.inodes.push(*ino);
                 }
                 Record::Link { parent, name, ino } | Record::Unlink { parent, name, ino } => {
-                    c.inodes.insert(*ino);
-                    c.dirents.insert((*parent, name.clone()));
+                    c.inodes.push(*ino);
+                    c.dirents.push((*parent, name.clone()));
                 }
                 Record::Truncate { ino, .. } => {
-                    c.inodes.insert(*ino);
+                    c.inodes.push(*ino);
                 }
                 Record::SetTarget { ino, .. } => {
-                    c.targets.insert(*ino);
+                    c.targets.push(*ino);
                 }
                 Record::Orphan { ino } => {
-                    c.orphans.insert(*ino);
+                    c.orphans.push(*ino);
                 }
                 Record::Delete { ino } => {
-                    c.deleted.insert(*ino);
-                    c.orphans.insert(*ino);
+                    c.deleted.push(*ino);
+                    c.orphans.push(*ino);
                 }
                 Record::SetXattr { ino, name, .. } | Record::RemoveXattr { ino, name } => {
-                    c.xattrs.insert((*ino, name.clone()));
+                    c.xattrs.push((*ino, name.clone()));
                 }
                 // Extents are noted where they change (in `apply_record`).
                 Record::MapExtent { .. } | Record::DataBlock { .. } | Record::Revoke { .. } => {}
@@ -341,13 +345,13 @@ impl Meta {
     /// transaction restates at its close): the next checkpoint writes them.
     pub(super) fn note_inode(&mut self, ino: u64) {
         if let Some(c) = self.changes.as_deref_mut() {
-            c.inodes.insert(ino);
+            c.inodes.push(ino);
         }
     }
 
     fn note_extent(&mut self, ino: u64, fb: u64) {
         if let Some(c) = self.changes.as_deref_mut() {
-            c.extents.insert((ino, fb));
+            c.extents.push((ino, fb));
         }
     }
 

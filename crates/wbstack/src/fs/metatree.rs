@@ -76,9 +76,10 @@ pub fn name_hash(seed: u64, name: &[u8]) -> u64 {
     (h >> 1).max(super::dir::FIRST_COOKIE)
 }
 
-fn dirent_key(seed: u64, dir: u64, name: &[u8]) -> Vec<u8> {
+/// The key of directory `dir`'s entry `name`, whose hash is `hash`.
+fn dirent_key_hashed(dir: u64, hash: u64, name: &[u8]) -> Vec<u8> {
     let mut k = inode_prefix(dir, DIRENT);
-    k.extend_from_slice(&name_hash(seed, name).to_be_bytes());
+    k.extend_from_slice(&hash.to_be_bytes());
     k.extend_from_slice(name);
     k
 }
@@ -96,16 +97,22 @@ fn orphan_key(ino: u64) -> Vec<u8> {
     k
 }
 
-fn encode_core(i: &Inode) -> Vec<u8> {
-    let mut v = Vec::with_capacity(53);
-    v.push(i.kind as u8);
+fn encode_core(i: &Inode) -> [u8; CORE_BYTES] {
+    let mut v = [0u8; CORE_BYTES];
+    v[0] = i.kind as u8;
+    let mut at = 1;
+    let mut put = |b: &[u8]| {
+        v[at..at + b.len()].copy_from_slice(b);
+        at += b.len();
+    };
     for x in [i.mode, i.uid, i.gid, i.links] {
-        v.extend_from_slice(&x.to_le_bytes());
+        put(&x.to_le_bytes());
     }
     for x in [i.size, i.atime_ns, i.mtime_ns, i.ctime_ns] {
-        v.extend_from_slice(&x.to_le_bytes());
+        put(&x.to_le_bytes());
     }
-    v.extend_from_slice(&i.rdev.to_le_bytes());
+    put(&i.rdev.to_le_bytes());
+    debug_assert_eq!(at, CORE_BYTES);
     v
 }
 
@@ -126,69 +133,198 @@ fn put_chunks(ops: &mut Vec<TreeOp>, prefix: Vec<u8>, value: Option<&[u8]>) {
     }
 }
 
+/// Sort and drop repeats.
+fn settle<T: Ord>(v: &mut Vec<T>) {
+    v.sort_unstable();
+    v.dedup();
+}
+
 /// The tree operations that bring a tree holding the state before `ch` to `meta`'s.
 /// Costs what changed, not what exists.
-pub fn ops(meta: &Meta, ch: &Changes) -> Vec<TreeOp> {
+pub fn ops(meta: &Meta, ch: Changes) -> Vec<TreeOp> {
+    capture(meta, ch).ops()
+}
+
+/// Bytes of an inode's own fields as the tree holds them (`encode_core`).
+const CORE_BYTES: usize = 1 + 4 * 4 + 8 * 4 + 4;
+
+/// A changed piece of metadata and its value now (none: it is gone).
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Now<K, V> {
+    key: K,
+    value: Option<V>,
+}
+
+/// A directory entry's place in the tree: its key's parts.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct DirentAt {
+    dir: u64,
+    hash: u64,
+    name: Vec<u8>,
+}
+
+/// An extended attribute's place in the tree.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct XattrAt {
+    ino: u64,
+    name: Vec<u8>,
+}
+
+/// The current values of the changed keys, copied out of the metadata: the part of
+/// making a checkpoint's tree operations that needs the metadata as of the
+/// checkpoint, and so holds `st`. The keys and their sorting are built after
+/// (`Captured::ops`), while creates go on.
+pub struct Captured {
+    next_ino: u64,
+    deleted: Vec<u64>,
+    inodes: Vec<Now<u64, [u8; CORE_BYTES]>>,
+    /// (inode, file block) to (device block, length).
+    extents: Vec<Now<(u64, u64), (u64, u64)>>,
+    /// To the inode named.
+    dirents: Vec<Now<DirentAt, u64>>,
+    targets: Vec<Now<u64, Vec<u8>>>,
+    xattrs: Vec<Now<XattrAt, Vec<u8>>>,
+    orphans: Vec<Now<u64, ()>>,
+}
+
+/// The values now of the keys `ch` names.
+pub fn capture(meta: &Meta, mut ch: Changes) -> Captured {
     let seed = meta.name_seed;
-    let mut ops = Vec::new();
-    ops.push(TreeOp::Put(
-        vec![FS_RECORD],
-        meta.next_ino.to_le_bytes().to_vec(),
-    ));
-    for &ino in &ch.deleted {
-        let mut p = vec![INODE_SPACE];
-        p.extend_from_slice(&ino.to_be_bytes());
-        ops.push(TreeOp::DelPrefix(p));
+    // Repeats dropped first (an inode is noted by most records about it); sorting
+    // numbers is cheap next to a lookup each.
+    for v in [
+        &mut ch.deleted,
+        &mut ch.inodes,
+        &mut ch.targets,
+        &mut ch.orphans,
+    ] {
+        settle(v);
     }
+    settle(&mut ch.extents);
+    settle(&mut ch.xattrs);
     let live = |ino: u64| meta.inodes.get(&ino);
-    for &ino in &ch.inodes {
-        match live(ino) {
-            Some(i) => ops.push(TreeOp::Put(core_key(ino), encode_core(i))),
-            None => ops.push(TreeOp::Del(core_key(ino))),
+    Captured {
+        next_ino: meta.next_ino,
+        deleted: ch.deleted,
+        inodes: ch
+            .inodes
+            .into_iter()
+            .map(|ino| Now {
+                key: ino,
+                value: live(ino).map(|i| encode_core(i)),
+            })
+            .collect(),
+        extents: ch
+            .extents
+            .into_iter()
+            .map(|(ino, fb)| Now {
+                key: (ino, fb),
+                value: live(ino).and_then(|i| i.extents.get(&fb).copied()),
+            })
+            .collect(),
+        dirents: ch
+            .dirents
+            .into_iter()
+            .map(|(dir, name)| {
+                let hash = name_hash(seed, &name);
+                let value = live(dir).and_then(|d| d.entries.get_at(hash, &name));
+                Now {
+                    key: DirentAt { dir, hash, name },
+                    value,
+                }
+            })
+            .collect(),
+        targets: ch
+            .targets
+            .into_iter()
+            .map(|ino| Now {
+                key: ino,
+                // A symlink's target is empty only between its create and its SetTarget.
+                value: live(ino)
+                    .filter(|i| i.kind == InodeKind::Symlink && !i.target.is_empty())
+                    .map(|i| i.target.clone()),
+            })
+            .collect(),
+        xattrs: ch
+            .xattrs
+            .into_iter()
+            .map(|(ino, name)| {
+                let value = live(ino).and_then(|i| i.xattrs.get(&name)).cloned();
+                Now {
+                    key: XattrAt { ino, name },
+                    value,
+                }
+            })
+            .collect(),
+        orphans: ch
+            .orphans
+            .into_iter()
+            .map(|ino| Now {
+                key: ino,
+                value: meta.orphans.contains(&ino).then_some(()),
+            })
+            .collect(),
+    }
+}
+
+/// The key set to `value`, or deleted.
+fn put_or_del(ops: &mut Vec<TreeOp>, key: Vec<u8>, value: Option<Vec<u8>>) {
+    ops.push(match value {
+        Some(v) => TreeOp::Put(key, v),
+        None => TreeOp::Del(key),
+    });
+}
+
+impl Captured {
+    /// The tree operations, in key order.
+    pub fn ops(mut self) -> Vec<TreeOp> {
+        // Entries by directory, then hash (a comparison of two numbers mostly), then
+        // name: their key order. A name linked and unlinked again is noted twice.
+        self.dirents.sort_unstable();
+        self.dirents.dedup();
+        let mut ops = Vec::new();
+        ops.push(TreeOp::Put(
+            vec![FS_RECORD],
+            self.next_ino.to_le_bytes().to_vec(),
+        ));
+        for ino in self.deleted {
+            let mut p = vec![INODE_SPACE];
+            p.extend_from_slice(&ino.to_be_bytes());
+            ops.push(TreeOp::DelPrefix(p));
         }
-    }
-    for &(ino, fb) in &ch.extents {
-        match live(ino).and_then(|i| i.extents.get(&fb)) {
-            Some(&(s, l)) => {
-                let mut v = s.to_le_bytes().to_vec();
-                v.extend_from_slice(&l.to_le_bytes());
-                ops.push(TreeOp::Put(extent_key(ino, fb), v));
-            }
-            None => ops.push(TreeOp::Del(extent_key(ino, fb))),
+        for n in self.inodes {
+            put_or_del(&mut ops, core_key(n.key), n.value.map(|v| v.to_vec()));
         }
-    }
-    for (dir, name) in &ch.dirents {
-        let key = dirent_key(seed, *dir, name);
-        match live(*dir).and_then(|d| d.entries.get(seed, name)) {
-            Some(c) => ops.push(TreeOp::Put(key, c.to_le_bytes().to_vec())),
-            None => ops.push(TreeOp::Del(key)),
+        for n in self.extents {
+            let (ino, fb) = n.key;
+            let run = n
+                .value
+                .map(|(s, l)| [s.to_le_bytes(), l.to_le_bytes()].concat());
+            put_or_del(&mut ops, extent_key(ino, fb), run);
         }
-    }
-    for &ino in &ch.targets {
-        // A symlink's target is empty only between its create and its SetTarget.
-        let t = live(ino)
-            .filter(|i| i.kind == InodeKind::Symlink && !i.target.is_empty())
-            .map(|i| i.target.as_slice());
-        put_chunks(&mut ops, inode_prefix(ino, TARGET), t);
-    }
-    for (ino, name) in &ch.xattrs {
-        let v = live(*ino)
-            .and_then(|i| i.xattrs.get(name))
-            .map(Vec::as_slice);
-        put_chunks(&mut ops, xattr_prefix(*ino, name), v);
-    }
-    for &ino in &ch.orphans {
-        if meta.orphans.contains(&ino) {
-            ops.push(TreeOp::Put(orphan_key(ino), Vec::new()));
-        } else {
-            ops.push(TreeOp::Del(orphan_key(ino)));
+        for n in self.dirents {
+            let d = n.key;
+            let key = dirent_key_hashed(d.dir, d.hash, &d.name);
+            put_or_del(&mut ops, key, n.value.map(|c| c.to_le_bytes().to_vec()));
         }
+        for n in self.targets {
+            put_chunks(&mut ops, inode_prefix(n.key, TARGET), n.value.as_deref());
+        }
+        for n in self.xattrs {
+            let x = n.key;
+            put_chunks(&mut ops, xattr_prefix(x.ino, &x.name), n.value.as_deref());
+        }
+        for n in self.orphans {
+            put_or_del(&mut ops, orphan_key(n.key), n.value.map(|()| Vec::new()));
+        }
+        // In key order, so consecutive operations find their path dirty and in memory
+        // already. Stable, and a prefix sorts before every key it covers, so a
+        // DelPrefix still comes before the puts of the same chunked value. Each kind
+        // above came out in key order, and the sort merges such runs in near linear
+        // time.
+        ops.sort_by(|a, b| op_key(a).cmp(op_key(b)));
+        ops
     }
-    // In key order, so consecutive operations find their path dirty and in memory
-    // already. Stable, and a prefix sorts before every key it covers, so a DelPrefix
-    // still comes before the puts of the same chunked value.
-    ops.sort_by(|a, b| op_key(a).cmp(op_key(b)));
-    ops
 }
 
 fn op_key(op: &TreeOp) -> &[u8] {
@@ -202,12 +338,12 @@ fn op_key(op: &TreeOp) -> &[u8] {
 pub fn all_changes(meta: &Meta) -> Changes {
     let mut c = Changes::default();
     for (&ino, i) in &meta.inodes {
-        c.inodes.insert(ino);
+        c.inodes.push(ino);
         c.extents.extend(i.extents.iter().map(|(&f, _)| (ino, f)));
         c.dirents
             .extend(i.entries.iter().map(|(n, _)| (ino, n.to_vec())));
         if i.kind == InodeKind::Symlink {
-            c.targets.insert(ino);
+            c.targets.push(ino);
         }
         c.xattrs.extend(i.xattrs.keys().map(|n| (ino, n.clone())));
     }

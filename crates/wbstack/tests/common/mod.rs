@@ -72,16 +72,18 @@ impl wbstack::fs::btree::NodeStore for MemStore {
 impl MemStore {
     /// Write the tree's dirty nodes to fresh blocks (never reused).
     pub fn write(&self, tree: &mut wbstack::fs::btree::Tree, seq: u64) {
-        let w = tree
-            .write_dirty(seq, &mut || {
+        tree.write_dirty(
+            seq,
+            &mut || {
                 let mut n = self.next.borrow_mut();
                 *n += 1;
                 Ok(*n)
-            })
-            .unwrap();
-        let mut b = self.blocks.borrow_mut();
-        for (blk, bytes) in w.writes {
-            b.insert(blk, bytes);
-        }
+            },
+            &mut |blk, bytes| {
+                self.blocks.borrow_mut().insert(blk, bytes);
+                Ok(())
+            },
+        )
+        .unwrap();
     }
 }

@@ -19,9 +19,11 @@
 //! but through `NodeStore::read`, and nothing frees a block: the caller frees the old
 //! blocks once the new root is durable.
 
+pub mod leaf;
 pub mod node;
 pub mod store;
 
+pub use leaf::Leaf;
 pub use node::{max_entry, ChildPtr, Entries, Link, Node, MAX_LEVEL};
 
 use crate::fs::format::FormatError;
@@ -55,11 +57,11 @@ pub struct Root {
     pub level: u8,
 }
 
-/// What `write_dirty` produced: the nodes to write (block, bytes), the new root, and
+/// What `write_dirty` did: how many nodes it handed out to write, the new root, and
 /// the blocks of nodes replaced since the last write (free once the root is durable).
 #[derive(Debug, Default)]
 pub struct Written {
-    pub writes: Vec<(u64, Vec<u8>)>,
+    pub nodes: usize,
     pub root: Option<Root>,
     pub freed: Vec<u64>,
 }
@@ -216,7 +218,7 @@ impl Tree {
         let Some(root) = self.root.as_mut() else {
             self.root = Some(Link::Dirty(Box::new(Node {
                 level: 0,
-                entries: Entries::Leaf(vec![(key.to_vec(), value.to_vec())]),
+                entries: Entries::Leaf(Leaf::from_sorted([(key, value)])),
             })));
             self.level = 0;
             return Ok(None);
@@ -268,24 +270,24 @@ impl Tree {
         Ok(old)
     }
 
-    /// Write every dirty node to a block from `alloc`, children before parents; all
-    /// nodes are clean after. `seq` is stamped in each node and its pointer, so a
-    /// node left from an older checkpoint at the same block is told apart.
+    /// Write every dirty node to a block from `alloc`, children before parents, by
+    /// handing its bytes to `write` (block, bytes) as soon as it is encoded, so the
+    /// caller can send them in batches instead of holding them all; all nodes are
+    /// clean after. `seq` is stamped in each node and its pointer, so a node left
+    /// from an older checkpoint at the same block is told apart.
     pub fn write_dirty(
         &mut self,
         seq: u64,
         alloc: &mut dyn FnMut() -> TreeResult<u64>,
+        write: &mut dyn FnMut(u64, Vec<u8>) -> TreeResult<()>,
     ) -> TreeResult<Written> {
         let mut out = Written::default();
         if let Some(root) = self.root.as_mut() {
-            write_in(
-                self.fs_id,
-                self.node_size,
-                root,
-                seq,
-                alloc,
-                &mut out.writes,
-            )?;
+            let mut sink = |b: u64, bytes: Vec<u8>| {
+                out.nodes += 1;
+                write(b, bytes)
+            };
+            write_in(self.fs_id, self.node_size, root, seq, alloc, &mut sink)?;
         }
         out.root = match &self.root {
             Some(Link::Clean(p)) => Some(Root {
@@ -352,10 +354,7 @@ fn get_in(cx: &Cx, link: &Link, level: u8, key: &[u8]) -> TreeResult<Option<Vec<
     let mut slot = None;
     let node = node_of(cx, link, level, &mut slot)?;
     match &node.entries {
-        Entries::Leaf(e) => Ok(e
-            .binary_search_by(|(k, _)| k.as_slice().cmp(key))
-            .ok()
-            .map(|i| e[i].1.clone())),
+        Entries::Leaf(e) => Ok(e.search(key).ok().map(|i| e.value(i).to_vec())),
         Entries::Inner(e) => get_in(cx, &e[child_index(e, key)].1, level - 1, key),
     }
 }
@@ -389,7 +388,12 @@ fn range_in(
     let node = node_of(cx, link, level, &mut slot)?;
     match &node.entries {
         Entries::Leaf(e) => {
-            for (k, v) in e {
+            // Straight to the first key in range.
+            let first = match from {
+                Bound::Included(k) | Bound::Excluded(k) => e.search(k).unwrap_or_else(|i| i),
+                Bound::Unbounded => 0,
+            };
+            for (k, v) in e.iter().skip(first) {
                 if !above(from, k) {
                     continue;
                 }
@@ -429,19 +433,21 @@ fn insert_in(
 ) -> TreeResult<(Option<Vec<u8>>, Option<(Vec<u8>, Node)>)> {
     let node = dirty(cx, freed, link, level)?;
     let old = match &mut node.entries {
-        Entries::Leaf(e) => match e.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
-            Ok(i) => Some(std::mem::replace(&mut e[i].1, value.to_vec())),
+        Entries::Leaf(e) => match e.search(key) {
+            Ok(i) => Some(e.set_value(i, value)),
             Err(i) => {
-                e.insert(i, (key.to_vec(), value.to_vec()));
+                e.insert(i, key, value);
                 None
             }
         },
         Entries::Inner(e) => {
             let i = child_index(e, key);
             let (old, split) = insert_in(cx, freed, &mut e[i].1, level - 1, key, value)?;
-            if let Some((sep, right)) = split {
-                e.insert(i + 1, (sep, Link::Dirty(Box::new(right))));
-            }
+            let Some((sep, right)) = split else {
+                // An inner node grows only by a child's split.
+                return Ok((old, None));
+            };
+            e.insert(i + 1, (sep, Link::Dirty(Box::new(right))));
             old
         }
     };
@@ -456,7 +462,7 @@ fn split_node(node: &mut Node) -> (Vec<u8>, Node) {
         Entries::Leaf(e) => {
             let at = split_point(e.iter().map(|(k, v)| 4 + k.len() + v.len()), half);
             let right = e.split_off(at);
-            let sep = right[0].0.clone();
+            let sep = right.key(0).to_vec();
             (
                 sep,
                 Node {
@@ -505,10 +511,7 @@ fn remove_in(
 ) -> TreeResult<Option<Vec<u8>>> {
     let node = dirty(cx, freed, link, level)?;
     match &mut node.entries {
-        Entries::Leaf(e) => Ok(e
-            .binary_search_by(|(k, _)| k.as_slice().cmp(key))
-            .ok()
-            .map(|i| e.remove(i).1)),
+        Entries::Leaf(e) => Ok(e.search(key).ok().map(|i| e.remove(i))),
         Entries::Inner(e) => {
             let i = child_index(e, key);
             let old = remove_in(cx, freed, &mut e[i].1, level - 1, key)?;
@@ -573,21 +576,22 @@ fn write_in(
     link: &mut Link,
     seq: u64,
     alloc: &mut dyn FnMut() -> TreeResult<u64>,
-    out: &mut Vec<(u64, Vec<u8>)>,
+    write: &mut dyn FnMut(u64, Vec<u8>) -> TreeResult<()>,
 ) -> TreeResult<()> {
     let Link::Dirty(node) = link else {
         return Ok(());
     };
     if let Entries::Inner(e) = &mut node.entries {
         for (_, child) in e.iter_mut() {
-            write_in(fs_id, node_size, child, seq, alloc, out)?;
+            write_in(fs_id, node_size, child, seq, alloc, write)?;
         }
     }
     let block = alloc()?;
     let bytes = node.encode(fs_id, seq, block, node_size);
     let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-    out.push((block, bytes));
+    // The node in memory goes here: from now on it is its bytes, in the caller's hands.
     *link = Link::Clean(ChildPtr { block, crc, seq });
+    write(block, bytes)?;
     Ok(())
 }
 

@@ -11,6 +11,7 @@
 //! write of a node is caught when it is read, as btrfs's generation and checksum in a
 //! block pointer catch it.
 
+use super::leaf::Leaf;
 use crate::fs::format::{crc, FormatError};
 
 pub const NODE_MAGIC: u32 = 0x444e_4257; // "WBND"
@@ -43,7 +44,7 @@ pub enum Link {
 
 #[derive(Debug)]
 pub enum Entries {
-    Leaf(Vec<(Vec<u8>, Vec<u8>)>),
+    Leaf(Leaf),
     Inner(Vec<(Vec<u8>, Link)>),
 }
 
@@ -75,10 +76,7 @@ impl Node {
     pub fn encoded_len(&self) -> usize {
         HEADER
             + match &self.entries {
-                Entries::Leaf(e) => e
-                    .iter()
-                    .map(|(k, v)| LEAF_SLOT + k.len() + v.len())
-                    .sum::<usize>(),
+                Entries::Leaf(e) => LEAF_SLOT * e.len() + e.payload_bytes(),
                 Entries::Inner(e) => e.iter().map(|(k, _)| INNER_SLOT + k.len()).sum(),
             }
     }
@@ -96,7 +94,7 @@ impl Node {
         b.extend_from_slice(&(self.len() as u16).to_le_bytes());
         match &self.entries {
             Entries::Leaf(e) => {
-                for (k, v) in e {
+                for (k, v) in e.iter() {
                     b.extend_from_slice(&(k.len() as u16).to_le_bytes());
                     b.extend_from_slice(&(v.len() as u16).to_le_bytes());
                     b.extend_from_slice(k);
@@ -182,7 +180,7 @@ impl Node {
             return Err(bad("no entries".into()));
         }
         let entries = if level == 0 {
-            let mut e: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(n.min(buf.len() / LEAF_SLOT));
+            let mut e = Leaf::with_capacity(n.min(buf.len() / LEAF_SLOT), buf.len() - HEADER);
             for i in 0..n {
                 let (kl, vl) = match (r.try_u16(), r.try_u16()) {
                     (Some(k), Some(v)) => (k as usize, v as usize),
@@ -191,10 +189,9 @@ impl Node {
                 let (Some(k), Some(v)) = (r.take(kl), r.take(vl)) else {
                     return Err(bad(format!("entry {i} of {n} runs past the node")));
                 };
-                if e.last().is_some_and(|(p, _)| p.as_slice() >= k) {
+                if !e.push_above(k, v) {
                     return Err(bad(format!("key {i} is not above the one before it")));
                 }
-                e.push((k.to_vec(), v.to_vec()));
             }
             Entries::Leaf(e)
         } else {

@@ -114,11 +114,11 @@ impl DeviceStore {
     /// Write nodes (as `Tree::write_dirty` produced them) in one plug, adjacent ones
     /// merged, and wait; plain writes, made durable by the flush of the record that
     /// points at them.
-    pub fn write(&self, nodes: &[(u64, Vec<u8>)]) -> TreeResult<()> {
+    pub fn write(&self, nodes: Vec<(u64, Vec<u8>)>) -> TreeResult<()> {
         let w = crate::block::BioWait::new();
         {
             let _plug = crate::block::Plug::start();
-            for (b, bytes) in nodes {
+            for (b, bytes) in &nodes {
                 if !self.area.contains(b) {
                     return Err(TreeError::NoSpace(format!(
                         "block {b} is outside the area {:?}",
@@ -134,7 +134,7 @@ impl DeviceStore {
                 })?;
             }
         }
-        for _ in nodes {
+        for _ in &nodes {
             let (bio, st) = w.wait_one();
             st.map_err(|e| TreeError::Io {
                 block: bio.sector / (self.node_size as u64 / SECTOR),
@@ -143,7 +143,7 @@ impl DeviceStore {
         }
         let mut c = self.cache.lock();
         for (b, bytes) in nodes {
-            c.insert(*b, Arc::new(bytes.clone()));
+            c.insert(b, Arc::new(bytes));
         }
         Ok(())
     }
