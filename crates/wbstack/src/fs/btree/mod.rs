@@ -32,6 +32,29 @@ use std::ops::Bound;
 /// Reads a node's bytes (exactly the tree's node size) from where it was written.
 pub trait NodeStore {
     fn read(&self, block: u64) -> Result<Vec<u8>, TreeError>;
+
+    /// The caller is about to read these blocks: a store on a device reads them all
+    /// at once (a walk's reads are otherwise one synchronous IO per node). A hint:
+    /// errors are the later `read`'s to report.
+    fn prefetch(&self, _blocks: &[u64]) {}
+}
+
+/// The clean children of inner entries `e` from index `first` while `more` holds for
+/// their keys: what a walk of them will read.
+fn prefetch_children(cx: &Cx, e: &[(Vec<u8>, Link)], first: usize, more: impl Fn(&[u8]) -> bool) {
+    let blocks: Vec<u64> = e
+        .iter()
+        .enumerate()
+        .skip(first)
+        .take_while(|(i, (k, _))| *i == first || more(k))
+        .filter_map(|(_, (_, l))| match l {
+            Link::Clean(p) => Some(p.block),
+            Link::Dirty(_) => None,
+        })
+        .collect();
+    if blocks.len() > 1 {
+        cx.store.prefetch(&blocks);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -407,6 +430,7 @@ fn range_in(
                 Bound::Included(k) | Bound::Excluded(k) => child_index(e, k),
                 Bound::Unbounded => 0,
             };
+            prefetch_children(cx, e, first, |k| below(to, k));
             for (i, (k, child)) in e.iter().enumerate().skip(first) {
                 if i > first && !below(to, k) {
                     return Ok(false);
@@ -619,6 +643,7 @@ fn check_in(
             }
         }
         Entries::Inner(e) => {
+            prefetch_children(cx, e, 0, |_| true);
             for (i, (k, child)) in e.iter().enumerate() {
                 if i > 0 && outside(k) {
                     return Err(FormatError::Corrupt(format!(

@@ -166,6 +166,53 @@ impl DeviceStore {
 }
 
 impl NodeStore for DeviceStore {
+    fn prefetch(&self, blocks: &[u64]) {
+        let mut want: Vec<u64> = {
+            let c = self.cache.lock();
+            blocks
+                .iter()
+                .copied()
+                .filter(|b| self.area.contains(b) && !c.map.contains_key(b))
+                .collect()
+        };
+        if want.is_empty() {
+            return;
+        }
+        // In block order, in one plug: neighbours merge into larger reads. No more
+        // than half the cache holds, or the first would be gone before they are read.
+        want.sort_unstable();
+        want.dedup();
+        want.truncate(self.cache.lock().limit_bytes / self.node_size / 2);
+        let w = crate::block::BioWait::new();
+        let mut sent = 0;
+        {
+            let _plug = crate::block::Plug::start();
+            for &b in &want {
+                let bio = crate::block::Bio::read(self.sector(b), self.node_size)
+                    .with_flags(BioFlags::META)
+                    .with_end_io(w.clone());
+                if self.q.submit_bio(bio).is_err() {
+                    // The read of this node will meet the error and report it.
+                    break;
+                }
+                sent += 1;
+            }
+        }
+        let done = w.wait_n(sent);
+        let mut c = self.cache.lock();
+        // Each a node read from the device, as a miss of `read` is.
+        c.stats.misses += sent as u64;
+        for (bio, status) in done {
+            // A failed read is left for `read`, which reports it with the block.
+            if let (Ok(_), Some(buf)) = (status, bio.buf) {
+                c.insert(
+                    bio.sector / (self.node_size as u64 / SECTOR),
+                    Arc::new(buf.as_slice().to_vec()),
+                );
+            }
+        }
+    }
+
     fn read(&self, block: u64) -> TreeResult<Vec<u8>> {
         {
             let mut c = self.cache.lock();
