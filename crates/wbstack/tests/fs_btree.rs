@@ -322,7 +322,11 @@ fn nodes_on_a_device_are_read_once_then_from_a_bounded_cache() {
         "{walk_reads} device reads for {nodes} nodes: the children were not fetched together"
     );
     t.check(&cold).unwrap();
-    assert_eq!(reads() - before, walk_reads, "the second walk hit the cache");
+    assert_eq!(
+        reads() - before,
+        walk_reads,
+        "the second walk hit the cache"
+    );
     assert_eq!(cold.stats().misses, nodes);
     // The cache stays under its bound.
     let small = DeviceStore::new(q.clone(), 4096, area.clone(), 8 * 4096);
@@ -335,4 +339,67 @@ fn nodes_on_a_device_are_read_once_then_from_a_bounded_cache() {
     // A pointer outside the area is refused without a read.
     let stray = DeviceStore::new(q.clone(), 4096, 200..300, 1 << 20);
     assert!(stray.read(50).is_err());
+}
+
+#[test]
+fn a_batch_of_changes_reads_its_leaves_ahead_together() {
+    use wbstack::block::{QueueConfig, RequestQueue};
+    use wbstack::fs::btree::store::DeviceStore;
+    let q = RequestQueue::open("sim:ssd,size=256M", QueueConfig::default()).unwrap();
+    let area = 100..60000;
+    let store = DeviceStore::new(q.clone(), 4096, area.clone(), 64 << 20);
+    let mut tree = Tree::new(FS_ID, 4096);
+    for i in 0..20000u32 {
+        tree.insert(&store, format!("k{i:06}").as_bytes(), &[7; 40])
+            .unwrap();
+    }
+    let mut next = 100;
+    let mut writes = Vec::new();
+    let w = tree
+        .write_dirty(
+            1,
+            &mut || {
+                next += 1;
+                Ok(next)
+            },
+            &mut |b, bytes| {
+                writes.push((b, bytes));
+                Ok(())
+            },
+        )
+        .unwrap();
+    store.write(writes).unwrap();
+    // A cold cache: every leaf is on the device only.
+    let cold = DeviceStore::new(q.clone(), 4096, area, 64 << 20);
+    let mut t = Tree::open(FS_ID, 4096, w.root).unwrap();
+    let keys: Vec<Vec<u8>> = (0..20000u32)
+        .step_by(7)
+        .map(|i| format!("k{i:06}x").into_bytes())
+        .collect();
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let reads = || q.diskstats().ios[0];
+    let before = reads();
+    t.prefetch_leaves(&cold, &refs).unwrap();
+    let ahead = reads() - before;
+    let fetched = cold.stats().misses;
+    assert!(
+        fetched > 100,
+        "the keys span the leaves: {fetched} nodes read"
+    );
+    assert!(
+        ahead * 10 < fetched,
+        "{ahead} device reads for {fetched} nodes: not read together"
+    );
+    // The batch itself then reads nothing.
+    for k in &refs {
+        t.insert(&cold, k, b"new").unwrap();
+    }
+    assert_eq!(
+        reads() - before,
+        ahead,
+        "a change read a leaf the read-ahead missed"
+    );
+    for k in &refs {
+        assert_eq!(t.get(&cold, k).unwrap(), Some(b"new".to_vec()));
+    }
 }

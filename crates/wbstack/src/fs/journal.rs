@@ -1005,6 +1005,7 @@ impl Vol {
                 j.ckpt_seq = seq;
                 j.force_checkpoint = false;
                 j.stats.checkpoints += 1;
+                j.stats.checkpoint_ns += took;
             }
             (None, 0) if gen.is_some() => j.stats.flushes += 1,
             (None, 0) => {}

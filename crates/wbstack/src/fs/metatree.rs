@@ -353,6 +353,21 @@ pub fn all_changes(meta: &Meta) -> Changes {
 
 /// Apply `ops` to the tree, in order.
 pub fn apply(tree: &mut Tree, store: &dyn NodeStore, ops: &[TreeOp]) -> TreeResult<()> {
+    // A chunk at a time, its leaves read ahead together: ops come in key order, so a
+    // chunk is one stretch of the tree.
+    for chunk in ops.chunks(APPLY_CHUNK) {
+        let keys: Vec<&[u8]> = chunk.iter().map(op_key).collect();
+        tree.prefetch_leaves(store, &keys)?;
+        apply_chunk(tree, store, chunk)?;
+    }
+    Ok(())
+}
+
+/// Operations applied per read-ahead of their leaves: a few thousand leaves at most,
+/// well inside the node cache.
+const APPLY_CHUNK: usize = 4096;
+
+fn apply_chunk(tree: &mut Tree, store: &dyn NodeStore, ops: &[TreeOp]) -> TreeResult<()> {
     for op in ops {
         match op {
             TreeOp::Put(k, v) => {

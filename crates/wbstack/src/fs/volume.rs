@@ -299,6 +299,9 @@ pub struct JournalStats {
     pub commits: u64,
     /// Checkpoints written (each also commits the running transaction).
     pub checkpoints: u64,
+    /// Time the commits that wrote checkpoints took, from the close of their
+    /// transaction to durable (the committer's time a checkpoint costs).
+    pub checkpoint_ns: u64,
     /// Cache flushes issued without a commit (fsync of data whose metadata was durable).
     pub flushes: u64,
     /// Bytes written to the journal and checkpoint areas.
