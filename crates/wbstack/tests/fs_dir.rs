@@ -10,7 +10,7 @@ use common::{fresh_with, quiet};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use wbstack::fs::dir::{name_hash, Dir};
-use wbstack::fs::{Cred, DirPageEntry, InodeKind, Volume};
+use wbstack::fs::{Cred, DirPageEntry, InodeKind, OpenOptions, Volume};
 
 fn file(_: u64) -> InodeKind {
     InodeKind::File
@@ -156,9 +156,11 @@ fn walk_volume(v: &Volume, dir: u64, page: usize, mut each: impl FnMut(&DirPageE
     }
 }
 
-/// The million-entry directory: created, every name looked up, walked while
-/// another thread creates and removes names of its own, then emptied. The walk's
-/// memory is a page, not the directory. `WBSTACK_BIG_DIR` sets the entry count.
+/// The million-entry directory: created, every name looked up, every file
+/// opened and closed through an inode cache of 1024 (the inodes' page-cache state
+/// stays bounded by it, not by the million), walked while another thread creates and
+/// removes names of its own, then emptied. The walk's memory is a page, not the
+/// directory. `WBSTACK_BIG_DIR` sets the entry count.
 #[test]
 fn a_million_entry_directory_is_created_walked_under_changes_and_emptied() {
     let n: u64 = std::env::var("WBSTACK_BIG_DIR")
@@ -167,6 +169,7 @@ fn a_million_entry_directory_is_created_walked_under_changes_and_emptied() {
         .unwrap_or(1_000_000);
     let mut o = quiet();
     o.commit_interval_ms = 1000;
+    o.inode_cache = 1024;
     let (_q, v) = fresh_with("sim:ssd,size=8G,data=meta", o);
     let c = Cred::root();
     let dir = v.mknod_as(&c, 1, b"big", 0o040755, 0).unwrap().ino;
@@ -178,6 +181,35 @@ fn a_million_entry_directory_is_created_walked_under_changes_and_emptied() {
         assert_eq!(v.lookup_as(&c, dir, &big_name(i as u64)).unwrap().ino, ino);
     }
     assert_eq!(v.getattr(dir).unwrap().nlink, 2);
+    // Committed, so each inode is at rest once closed and may be evicted.
+    v.sync().unwrap();
+    let rss_before_opens = rss_bytes();
+    let mut cached_most = 0;
+    for (i, &ino) in inos.iter().enumerate() {
+        v.open_as(&c, ino, &OpenOptions::read())
+            .unwrap()
+            .close()
+            .unwrap();
+        if i % 4096 == 0 {
+            cached_most = cached_most.max(v.inode_cache_stats().cached);
+        }
+    }
+    // RSS may shrink as well (freed memory returned): growth only.
+    let opened_growth = rss_bytes().saturating_sub(rss_before_opens);
+    let s = v.inode_cache_stats();
+    assert!(
+        cached_most <= 1024 + 64,
+        "the inode cache held {cached_most} inodes at once, over its limit of 1024"
+    );
+    assert!(
+        s.evicted + 1100 >= n,
+        "only {} evictions for {n} opens",
+        s.evicted
+    );
+    assert!(
+        opened_growth < 64 << 20,
+        "opening every file grew RSS by {opened_growth} bytes: inodes were kept past the cache"
+    );
 
     // Walk while a second thread churns names of its own through the directory.
     let stop = std::sync::atomic::AtomicBool::new(false);
