@@ -353,6 +353,11 @@ struct FsmarkArgs {
     /// Skip the final (timed) sync of the filesystem.
     #[arg(long)]
     no_final_sync: bool,
+    /// End as a crash of the process would, without unmounting: the next mount of
+    /// the image (`wbstack info IMG`) replays the journal, which measures recovery.
+    /// Only for one wbstack target on a file or block device.
+    #[arg(long)]
+    crash: bool,
 }
 
 #[derive(Args)]
@@ -615,6 +620,18 @@ fn run_fsmark(a: FsmarkArgs) -> Result<(), String> {
         meter: None,
     };
     let json = a.target.json;
+    if a.crash
+        && (targets.len() != 1
+            || a.target
+                .device
+                .as_deref()
+                .is_none_or(|d| d.starts_with("sim")))
+    {
+        return Err(
+            "fsmark: --crash needs one wbstack target on a file or block device (a simulated device's contents die with the process)"
+                .into(),
+        );
+    }
     for fs in targets {
         if !json {
             let threads = if o.threads == 0 {
@@ -629,7 +646,7 @@ fn run_fsmark(a: FsmarkArgs) -> Result<(), String> {
                 println!("{l}");
             }
         }
-        let r = fsmark::run_with(&o, fs, &mut |l| {
+        let r = fsmark::run_with(&o, fs.clone(), &mut |l| {
             if !json {
                 wbstack_cli::progress::println(&fsmark::loop_line(l));
             }
@@ -640,6 +657,14 @@ fn run_fsmark(a: FsmarkArgs) -> Result<(), String> {
             for l in fsmark::summary_lines(&r) {
                 println!("{l}");
             }
+        }
+        if a.crash {
+            use std::io::Write;
+            std::io::stdout().flush().map_err(|e| e.to_string())?;
+            // No unmount, no drop: the journal's committed transactions are on the
+            // device and the running one is lost, as in a crash.
+            std::mem::forget(fs);
+            std::process::exit(0);
         }
     }
     Ok(())

@@ -305,6 +305,46 @@ fn mkfs_fsck_info_on_an_image_file() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("not a wbstack image"));
 }
 
+/// `bench fsmark --crash` ends without unmounting: the image then needs its journal
+/// replayed, which fsck and the next mount do, and holds every file a commit made
+/// durable (with fsync before close, all of them). A simulated device is refused.
+#[test]
+fn fsmark_crash_leaves_a_journal_to_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let dev = format!("file:{},create=1,size=256M", img.display());
+    let out = wbstack(&[
+        "bench", "fsmark", "--device", &dev, "-d", "0", "-n", "300", "-s", "4096", "-S", "1", "-k",
+        "--crash",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let img = img.to_str().unwrap();
+    let out = wbstack(&["fsck", img]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("clean"), "{text}");
+    // Not unmounted: the first checkpoint and one commit per fsync to replay.
+    let text = format!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    let replayed: u64 = text
+        .split("checkpoint 1 (transaction 0), then ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no journal to replay after the mkfs checkpoint: {text}"));
+    assert!(
+        replayed >= 300,
+        "{replayed} transactions for 300 fsyncs: {text}"
+    );
+    // The root, the thread's directory and its 300 fsynced files.
+    let v = json(&wbstack(&["info", img, "--json"]));
+    assert_eq!(v["files"].as_u64(), Some(302), "{v}");
+    let out = wbstack(&[
+        "bench", "fsmark", "--device", "sim:ssd", "-d", "0", "-n", "1", "--crash",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--crash needs"));
+}
+
 /// `image` with its newest checkpoint rewritten so that the root directory's link count
 /// is 5: every structure decodes, one invariant is broken.
 fn break_root_link_count(image: &[u8]) -> Vec<u8> {
