@@ -129,6 +129,7 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
         ("inode_cache_cached", ic.cached),
         ("inode_cache_live", ic.live),
         ("inode_cache_evicted", ic.evicted),
+        ("inode_cache_examined", ic.examined),
         ("fuse_requests", counters.total()),
         ("data_start_sector", vol.superblock().data_start * 8),
     ];

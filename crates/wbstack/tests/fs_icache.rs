@@ -32,6 +32,29 @@ fn touch(v: &Volume, path: &str) {
     v.create(path).unwrap().close().unwrap();
 }
 
+/// Creates outrunning commits: every inode over the limit waits for a commit, so a
+/// prune that found only such waits is not repeated until a commit or a flush happens
+/// (each open and close used to pass over the same inodes again); after the commit the
+/// next ones evict.
+#[test]
+fn prunes_wait_for_a_commit_instead_of_passing_over_the_same_inodes() {
+    let (_q, v) = fresh_with("sim:ssd,size=64M", limit(4));
+    for i in 0..200 {
+        touch(&v, &format!("/f{i}"));
+    }
+    let s = v.inode_cache_stats();
+    assert_eq!(s.evicted, 0, "nothing committed yet: {s:?}");
+    assert!(
+        s.examined <= 16,
+        "{} inodes examined for 200 creates: the waiting inodes were passed over again and again",
+        s.examined
+    );
+    v.sync().unwrap();
+    touch(&v, "/after");
+    let s = v.inode_cache_stats();
+    assert!(s.evicted >= 32, "the commit let a batch go: {s:?}");
+}
+
 #[test]
 fn committed_unused_inodes_are_evicted_and_uncommitted_ones_kept() {
     let (_q, v) = fresh_with("sim:ssd,size=64M", limit(0));

@@ -53,10 +53,22 @@ struct Slot {
 pub(super) enum Verdict {
     /// At rest: evict it.
     Evict,
-    /// Not yet (a commit or a flush to come, a transient holder): keep it on the LRU.
+    /// Not yet (a commit or a flush to come): keep it on the LRU. Nothing changes
+    /// that but a commit or a flush (`RestEpoch`).
     Later,
+    /// Not yet, for a moment (a second chance used, a transient holder): keep it.
+    Transient,
     /// Not a candidate until it is queued again (open, or it has pages again).
     Off,
+}
+
+/// What the journal had done when a prune ran: the committed transaction and the
+/// last cache flush. An inode that must wait for a commit or a flush (`Later`) waits
+/// until one of them moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct RestEpoch {
+    pub committed: u64,
+    pub barrier_done: u64,
 }
 
 pub(super) struct InodeCache {
@@ -66,6 +78,12 @@ pub(super) struct InodeCache {
     next_gen: u64,
     limit: usize,
     evicted: u64,
+    examined: u64,
+    /// The epoch at which a prune evicted nothing because the oldest inodes wait for
+    /// a commit or a flush: until it moves, another pass would find the same (creates
+    /// outrunning commits made every open and close pay for a fruitless pass, half
+    /// the cost of an empty file's create).
+    stalled_at: Option<RestEpoch>,
 }
 
 impl InodeCache {
@@ -76,6 +94,8 @@ impl InodeCache {
             next_gen: 0,
             limit,
             evicted: 0,
+            examined: 0,
+            stalled_at: None,
         }
     }
 
@@ -94,6 +114,10 @@ impl InodeCache {
     /// Mappings evicted since mount.
     pub fn evicted(&self) -> u64 {
         self.evicted
+    }
+
+    pub fn examined(&self) -> u64 {
+        self.examined
     }
 
     pub fn get(&self, ino: &u64) -> Option<&Arc<Mapping>> {
@@ -161,11 +185,16 @@ impl InodeCache {
     /// the volume's state lock held, so a verdict of `at_rest` stays true.
     pub fn prune(
         &mut self,
+        epoch: RestEpoch,
         at_rest: &mut dyn FnMut(u64, &Mapping) -> Verdict,
     ) -> Vec<(u64, Arc<Mapping>)> {
+        if self.stalled_at == Some(epoch) {
+            return Vec::new();
+        }
         let excess = self.map.len().saturating_sub(self.limit).min(PRUNE_BATCH);
         let mut out = Vec::new();
         let mut skips = 0;
+        let mut waiting = false;
         while out.len() < excess && skips < PRUNE_SKIPS {
             let Some((ino, gen)) = self.lru.pop_front() else {
                 break;
@@ -173,8 +202,9 @@ impl InodeCache {
             let Some(s) = self.map.get_mut(&ino).filter(|s| s.lru_gen == Some(gen)) else {
                 continue;
             };
+            self.examined += 1;
             let verdict = if std::mem::take(&mut s.referenced) {
-                Verdict::Later
+                Verdict::Transient
             } else {
                 verdict(ino, &s.mapping, at_rest)
             };
@@ -183,7 +213,8 @@ impl InodeCache {
                     let s = self.map.remove(&ino).expect("found above");
                     out.push((ino, s.mapping));
                 }
-                Verdict::Later => {
+                Verdict::Later | Verdict::Transient => {
+                    waiting |= verdict == Verdict::Later;
                     skips += 1;
                     self.lru.push_back((ino, gen));
                 }
@@ -194,6 +225,7 @@ impl InodeCache {
             }
         }
         self.evicted += out.len() as u64;
+        self.stalled_at = (out.is_empty() && waiting).then_some(epoch);
         out
     }
 }
@@ -209,7 +241,7 @@ fn verdict(
     }
     if Arc::strong_count(m) > 1 {
         // Someone else holds it and could still write through it.
-        return Verdict::Later;
+        return Verdict::Transient;
     }
     at_rest(ino, m)
 }

@@ -326,6 +326,9 @@ pub struct InodeCacheStats {
     pub limit: u64,
     /// Mappings evicted since mount.
     pub evicted: u64,
+    /// Inodes prunes looked at (evicted or passed over) since mount: the cost of
+    /// keeping the limit.
+    pub examined: u64,
 }
 
 /// Per-inode state that is not on disk: reservations, writes in flight, opens, and
@@ -1181,7 +1184,11 @@ impl Vol {
             let j = self.jn.lock();
             (j.committed, j.barrier_done)
         };
-        let evicted = ic.prune(&mut |ino, m| {
+        let epoch = super::icache::RestEpoch {
+            committed,
+            barrier_done,
+        };
+        let evicted = ic.prune(epoch, &mut |ino, m| {
             let live = st.live.get(&ino);
             if live.is_some_and(|l| l.open > 0) {
                 return Verdict::Off; // queued again at its last close
@@ -2005,6 +2012,7 @@ impl Volume {
             live: st.live.len() as u64,
             limit: ic.limit() as u64,
             evicted: ic.evicted(),
+            examined: ic.examined(),
         }
     }
 
