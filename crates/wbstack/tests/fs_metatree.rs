@@ -73,6 +73,7 @@ proptest! {
     fn a_tree_kept_up_to_date_loads_back_as_the_metadata(
         batches in prop::collection::vec(prop::collection::vec(record(), 1..40), 1..8),
         seed in any::<u64>(),
+        chunk in 1..8usize,
     ) {
         let mut meta = Meta::mkfs(DATA_START, NR_BLOCKS, 1, seed);
         let store = MemStore::default();
@@ -86,9 +87,11 @@ proptest! {
                 // Records that do not apply (no such inode...) change nothing.
                 let _ = meta.apply(&r, ApplyMode::Replay);
             }
+            // As a checkpoint applies them: made and applied a chunk at a time, chunks
+            // small enough to hold several kinds of keys.
             let ch = meta.take_changes();
-            let ops = metatree::ops(&meta, ch);
-            metatree::apply(&mut tree, &store, &ops).unwrap();
+            let captured = metatree::capture(&meta, ch);
+            metatree::apply_captured_by(&mut tree, &store, captured, chunk).unwrap();
             store.write(&mut tree, n as u64 + 1);
             let loaded = metatree::load(&tree, &store, seed, &[], DATA_START, NR_BLOCKS).unwrap();
             assert_same(&loaded, &meta);

@@ -5,9 +5,11 @@
 //!
 //! Order, at a checkpoint of transaction T (the committer; nothing else commits
 //! meanwhile, so the journal is restarted only after T's state is durable):
-//! 1. under `st`, at T's close: the changed keys' current values (`metatree::ops`);
-//! 2. without `st`: the ops applied to the tree (reads through the node cache), the
-//!    dirty nodes written to blocks taken from the allocator (plain writes);
+//! 1. under `st`, at T's close: the changed keys' current values
+//!    (`metatree::capture`);
+//! 2. without `st`: their operations made and applied to the tree a chunk at a time,
+//!    each chunk's leaves read ahead together, the dirty nodes written to blocks taken
+//!    from the allocator (plain writes);
 //! 3. the root record into the older slot with PREFLUSH|FUA: the nodes are durable
 //!    before it, it before anything that relies on it;
 //! 4. only then the blocks of the nodes it replaced go back to the allocator: until
@@ -17,7 +19,7 @@ use super::btree::store::DeviceStore;
 use super::btree::{Root, Tree, TreeError};
 use super::error::{FsError, FsResult};
 use super::meta::Meta;
-use super::metatree::{self, TreeOp};
+use super::metatree::{self, Captured};
 use crate::block::RequestQueue;
 use std::sync::Arc;
 
@@ -84,16 +86,26 @@ impl MetaTree {
         })
     }
 
-    /// Apply `ops`, write the dirty nodes to blocks `alloc(goal, n)` gives (all at
-    /// once, near the last ones), and return the new root and the blocks of the nodes
-    /// it replaced.
+    /// Apply the captured changes, write the dirty nodes to blocks `alloc(goal, n)`
+    /// gives (all at once, near the last ones), and return the new root and the blocks
+    /// of the nodes it replaced.
     pub fn write(
         &mut self,
-        ops: &[TreeOp],
+        changes: Captured,
         seq: u64,
         alloc: &mut dyn FnMut(u64, usize) -> FsResult<Vec<u64>>,
     ) -> FsResult<TreeWrite> {
-        metatree::apply(&mut self.tree, &self.store, ops).map_err(tree_err)?;
+        metatree::apply_captured(&mut self.tree, &self.store, changes).map_err(tree_err)?;
+        self.write_nodes(seq, alloc)
+    }
+
+    /// Write the dirty nodes (changes applied already, as mount's replay does) as
+    /// `write` does.
+    pub fn write_nodes(
+        &mut self,
+        seq: u64,
+        alloc: &mut dyn FnMut(u64, usize) -> FsResult<Vec<u64>>,
+    ) -> FsResult<TreeWrite> {
         let n = self.tree.dirty_nodes();
         let mut blocks = if n > 0 {
             alloc(self.cursor, n)?

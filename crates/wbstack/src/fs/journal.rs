@@ -101,8 +101,8 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
     let image = if sb.version >= TREE_VERSION {
         meta.alloc.set_meta_reserve(meta_reserve(sb.journal_blocks));
         let mut mt = MetaTree::open(q.clone(), fs_id, sb.data_start..nr, None)?;
-        let ops = metatree::ops(&meta, metatree::all_changes(&meta));
-        let w = mt.write(&ops, 1, &mut |goal, n| alloc_nodes(&mut meta, goal, n))?;
+        let all = metatree::capture(&meta, metatree::all_changes(&meta));
+        let w = mt.write(all, 1, &mut |goal, n| alloc_nodes(&mut meta, goal, n))?;
         metatree::encode_root(w.root)
     } else {
         meta.encode_image()
@@ -338,8 +338,8 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountChe
     // The changes go into the tree now (reads only: writing is mount's), so what
     // cannot go in is found by fsck too.
     let changes = l.meta.take_changes();
-    let ops = metatree::ops(&l.meta, changes);
-    metatree::apply(&mut tree.tree, &tree.store, &ops)
+    let captured = metatree::capture(&l.meta, changes);
+    metatree::apply_captured(&mut tree.tree, &tree.store, captured)
         .map_err(|e| format!("the metadata tree: {e}"))?;
     Ok((orphans, Some(MountCheckpoint::Tree)))
 }
@@ -509,7 +509,7 @@ impl Volume {
                 (MountCheckpoint::Image(enc), _) => (enc, Vec::new()),
                 (MountCheckpoint::Tree, Some(tree)) => {
                     let meta = &mut l.meta;
-                    let w = tree.write(&[], seq, &mut |goal, n| alloc_nodes(meta, goal, n))?;
+                    let w = tree.write_nodes(seq, &mut |goal, n| alloc_nodes(meta, goal, n))?;
                     let enc = Checkpoint {
                         fs_id: l.sb.fs_id,
                         seq,
@@ -969,14 +969,13 @@ impl Vol {
                 (r, n, 0, Some((slot, seq)))
             }
             Payload::Tree(captured) => {
-                let ops = captured.ops();
                 // As above: journaled data home first.
                 self.wait_home(tid);
                 let (slot, seq) = {
                     let j = self.jn.lock();
                     (1 - j.ckpt_slot, j.ckpt_seq + 1)
                 };
-                match self.write_checkpoint(&ops, tid, slot, seq, flags) {
+                match self.write_checkpoint(captured, tid, slot, seq, flags) {
                     Ok(n) => (Ok(()), n, 0, Some((slot, seq))),
                     Err(e) => (Err(e), 0, 0, None),
                 }
@@ -1027,7 +1026,7 @@ impl Vol {
     /// Steps 2 to 4 of a checkpoint (`fs::checkpoint`); returns the bytes written.
     fn write_checkpoint(
         &self,
-        ops: &[metatree::TreeOp],
+        changes: metatree::Captured,
         tid: u64,
         slot: usize,
         seq: u64,
@@ -1038,7 +1037,7 @@ impl Vol {
         let Some(mt) = guard.as_mut() else {
             return Err(FsError::Corrupt("a tree checkpoint without a tree".into()));
         };
-        let w = mt.write(ops, seq, &mut |goal, n| {
+        let w = mt.write(changes, seq, &mut |goal, n| {
             alloc_nodes(&mut self.st.lock().meta, goal, n)
         })?;
         let enc = Checkpoint {

@@ -195,7 +195,7 @@ pub struct Meta {
 /// whose current value (or absence) the next checkpoint writes. Noted by appending,
 /// repeats and all: every record of a running filesystem notes something here, under
 /// `st`, and a sorted set's insert (with a name's comparisons through its heap
-/// pointer) cost creates more than the rest of the checkpoint. `metatree::ops` sorts
+/// pointer) cost creates more than the rest of the checkpoint. `metatree::capture` sorts
 /// and drops repeats once, at the checkpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changes {

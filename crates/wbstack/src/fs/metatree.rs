@@ -276,54 +276,95 @@ fn put_or_del(ops: &mut Vec<TreeOp>, key: Vec<u8>, value: Option<Vec<u8>>) {
 }
 
 impl Captured {
-    /// The tree operations, in key order.
-    pub fn ops(mut self) -> Vec<TreeOp> {
+    /// The tree operations, all at once, in key order.
+    pub fn ops(self) -> Vec<TreeOp> {
+        let mut chunks = self.into_chunks();
+        let mut ops = Vec::new();
+        while let Some(c) = chunks.next_chunk(usize::MAX) {
+            ops.extend(c);
+        }
+        // Stable, and a prefix sorts before every key it covers, so a DelPrefix still
+        // comes before the puts of the same chunked value. Each kind came out in key
+        // order, and the sort merges such runs in near linear time.
+        ops.sort_by(|a, b| op_key(a).cmp(op_key(b)));
+        ops
+    }
+
+    /// The tree operations a chunk at a time (`OpChunks::next_chunk`), so a
+    /// checkpoint holds one chunk of them, not every key and value at once.
+    pub fn into_chunks(mut self) -> OpChunks {
         // Entries by directory, then hash (a comparison of two numbers mostly), then
         // name: their key order. A name linked and unlinked again is noted twice.
         self.dirents.sort_unstable();
         self.dirents.dedup();
-        let mut ops = Vec::new();
-        ops.push(TreeOp::Put(
+        let mut head = vec![TreeOp::Put(
             vec![FS_RECORD],
             self.next_ino.to_le_bytes().to_vec(),
-        ));
+        )];
         for ino in self.deleted {
             let mut p = vec![INODE_SPACE];
             p.extend_from_slice(&ino.to_be_bytes());
-            ops.push(TreeOp::DelPrefix(p));
+            head.push(TreeOp::DelPrefix(p));
         }
-        for n in self.inodes {
-            put_or_del(&mut ops, core_key(n.key), n.value.map(|v| v.to_vec()));
+        OpChunks {
+            head,
+            inodes: self.inodes.into_iter(),
+            extents: self.extents.into_iter(),
+            dirents: self.dirents.into_iter(),
+            targets: self.targets.into_iter(),
+            xattrs: self.xattrs.into_iter(),
+            orphans: self.orphans.into_iter(),
         }
-        for n in self.extents {
-            let (ino, fb) = n.key;
-            let run = n
-                .value
-                .map(|(s, l)| [s.to_le_bytes(), l.to_le_bytes()].concat());
-            put_or_del(&mut ops, extent_key(ino, fb), run);
+    }
+}
+
+/// A checkpoint's tree operations, made as they are applied.
+pub struct OpChunks {
+    /// The filesystem record and the deleted inodes' prefixes: the first chunk.
+    head: Vec<TreeOp>,
+    inodes: std::vec::IntoIter<Now<u64, [u8; CORE_BYTES]>>,
+    extents: std::vec::IntoIter<Now<(u64, u64), (u64, u64)>>,
+    dirents: std::vec::IntoIter<Now<DirentAt, u64>>,
+    targets: std::vec::IntoIter<Now<u64, Vec<u8>>>,
+    xattrs: std::vec::IntoIter<Now<XattrAt, Vec<u8>>>,
+    orphans: std::vec::IntoIter<Now<u64, ()>>,
+}
+
+impl OpChunks {
+    /// The next operations, about `max` of them, sorted by key; none once all are out.
+    /// Two kinds may share a chunk; no key is changed by two kinds (an inode's keys
+    /// are of one kind each, and a deleted inode has no value left to put).
+    pub fn next_chunk(&mut self, max: usize) -> Option<Vec<TreeOp>> {
+        let mut ops = std::mem::take(&mut self.head);
+        while ops.len() < max {
+            if let Some(n) = self.inodes.next() {
+                put_or_del(&mut ops, core_key(n.key), n.value.map(|v| v.to_vec()));
+            } else if let Some(n) = self.extents.next() {
+                let (ino, fb) = n.key;
+                let run = n
+                    .value
+                    .map(|(s, l)| [s.to_le_bytes(), l.to_le_bytes()].concat());
+                put_or_del(&mut ops, extent_key(ino, fb), run);
+            } else if let Some(n) = self.dirents.next() {
+                let d = n.key;
+                let key = dirent_key_hashed(d.dir, d.hash, &d.name);
+                put_or_del(&mut ops, key, n.value.map(|c| c.to_le_bytes().to_vec()));
+            } else if let Some(n) = self.targets.next() {
+                put_chunks(&mut ops, inode_prefix(n.key, TARGET), n.value.as_deref());
+            } else if let Some(n) = self.xattrs.next() {
+                let x = n.key;
+                put_chunks(&mut ops, xattr_prefix(x.ino, &x.name), n.value.as_deref());
+            } else if let Some(n) = self.orphans.next() {
+                put_or_del(&mut ops, orphan_key(n.key), n.value.map(|()| Vec::new()));
+            } else {
+                break;
+            }
         }
-        for n in self.dirents {
-            let d = n.key;
-            let key = dirent_key_hashed(d.dir, d.hash, &d.name);
-            put_or_del(&mut ops, key, n.value.map(|c| c.to_le_bytes().to_vec()));
+        if ops.is_empty() {
+            return None;
         }
-        for n in self.targets {
-            put_chunks(&mut ops, inode_prefix(n.key, TARGET), n.value.as_deref());
-        }
-        for n in self.xattrs {
-            let x = n.key;
-            put_chunks(&mut ops, xattr_prefix(x.ino, &x.name), n.value.as_deref());
-        }
-        for n in self.orphans {
-            put_or_del(&mut ops, orphan_key(n.key), n.value.map(|()| Vec::new()));
-        }
-        // In key order, so consecutive operations find their path dirty and in memory
-        // already. Stable, and a prefix sorts before every key it covers, so a
-        // DelPrefix still comes before the puts of the same chunked value. Each kind
-        // above came out in key order, and the sort merges such runs in near linear
-        // time.
         ops.sort_by(|a, b| op_key(a).cmp(op_key(b)));
-        ops
+        Some(ops)
     }
 }
 
@@ -356,11 +397,35 @@ pub fn apply(tree: &mut Tree, store: &dyn NodeStore, ops: &[TreeOp]) -> TreeResu
     // A chunk at a time, its leaves read ahead together: ops come in key order, so a
     // chunk is one stretch of the tree.
     for chunk in ops.chunks(APPLY_CHUNK) {
-        let keys: Vec<&[u8]> = chunk.iter().map(op_key).collect();
-        tree.prefetch_leaves(store, &keys)?;
-        apply_chunk(tree, store, chunk)?;
+        apply_sorted(tree, store, chunk)?;
     }
     Ok(())
+}
+
+/// Apply a checkpoint's captured changes, making their operations a chunk at a time.
+pub fn apply_captured(tree: &mut Tree, store: &dyn NodeStore, c: Captured) -> TreeResult<()> {
+    apply_captured_by(tree, store, c, APPLY_CHUNK)
+}
+
+/// `apply_captured` in chunks of about `chunk` operations (tests vary it).
+pub fn apply_captured_by(
+    tree: &mut Tree,
+    store: &dyn NodeStore,
+    c: Captured,
+    chunk: usize,
+) -> TreeResult<()> {
+    let mut chunks = c.into_chunks();
+    while let Some(chunk) = chunks.next_chunk(chunk) {
+        apply_sorted(tree, store, &chunk)?;
+    }
+    Ok(())
+}
+
+/// Operations sorted by key: their leaves read ahead together, then applied.
+fn apply_sorted(tree: &mut Tree, store: &dyn NodeStore, ops: &[TreeOp]) -> TreeResult<()> {
+    let keys: Vec<&[u8]> = ops.iter().map(op_key).collect();
+    tree.prefetch_leaves(store, &keys)?;
+    apply_chunk(tree, store, ops)
 }
 
 /// Operations applied per read-ahead of their leaves: a few thousand leaves at most,
