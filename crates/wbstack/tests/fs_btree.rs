@@ -6,8 +6,11 @@
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
+use std::sync::Arc;
+use wbstack::block::{QueueConfig, RequestQueue};
 use wbstack::fs::btree::node::Node;
-use wbstack::fs::btree::{ChildPtr, NodeStore, Tree, TreeError};
+use wbstack::fs::btree::store::DeviceStore;
+use wbstack::fs::btree::{ChildPtr, NodeStore, Tree, TreeError, Written};
 
 const FS_ID: u64 = 0x5eed;
 /// Small nodes: a few hundred entries make a tree four or five levels deep.
@@ -275,15 +278,18 @@ fn a_stale_node_at_a_reused_block_is_caught() {
     assert_eq!(fresh.get(&h.store, b"\x09").unwrap(), Some(b"new".to_vec()));
 }
 
-#[test]
-fn nodes_on_a_device_are_read_once_then_from_a_bounded_cache() {
-    use wbstack::block::{QueueConfig, RequestQueue};
-    use wbstack::fs::btree::store::DeviceStore;
-    let q = RequestQueue::open("sim:ssd,size=64M", QueueConfig::default()).unwrap();
-    let area = 100..16384;
-    let store = DeviceStore::new(q.clone(), 4096, area.clone(), 64 * 4096);
+/// A tree of `n` entries (`k000000`...: 40 bytes each) written to the device of
+/// `spec` from block 101 on, through a store of `cache_bytes` over `area`.
+fn tree_on_device(
+    spec: &str,
+    area: std::ops::Range<u64>,
+    cache_bytes: usize,
+    n: u32,
+) -> (Arc<RequestQueue>, DeviceStore, Written) {
+    let q = RequestQueue::open(spec, QueueConfig::default()).unwrap();
+    let store = DeviceStore::new(q.clone(), 4096, area, cache_bytes);
     let mut tree = Tree::new(FS_ID, 4096);
-    for i in 0..2000u32 {
+    for i in 0..n {
         tree.insert(&store, format!("k{i:06}").as_bytes(), &[7; 40])
             .unwrap();
     }
@@ -303,6 +309,13 @@ fn nodes_on_a_device_are_read_once_then_from_a_bounded_cache() {
         )
         .unwrap();
     store.write(writes).unwrap();
+    (q, store, w)
+}
+
+#[test]
+fn nodes_on_a_device_are_read_once_then_from_a_bounded_cache() {
+    let area = 100..16384;
+    let (q, store, w) = tree_on_device("sim:ssd,size=64M", area.clone(), 64 * 4096, 2000);
     let reads = || q.diskstats().ios[0];
     let before = reads();
     // Written nodes are cached as written: a lookup reads nothing.
@@ -343,32 +356,8 @@ fn nodes_on_a_device_are_read_once_then_from_a_bounded_cache() {
 
 #[test]
 fn a_batch_of_changes_reads_its_leaves_ahead_together() {
-    use wbstack::block::{QueueConfig, RequestQueue};
-    use wbstack::fs::btree::store::DeviceStore;
-    let q = RequestQueue::open("sim:ssd,size=256M", QueueConfig::default()).unwrap();
     let area = 100..60000;
-    let store = DeviceStore::new(q.clone(), 4096, area.clone(), 64 << 20);
-    let mut tree = Tree::new(FS_ID, 4096);
-    for i in 0..20000u32 {
-        tree.insert(&store, format!("k{i:06}").as_bytes(), &[7; 40])
-            .unwrap();
-    }
-    let mut next = 100;
-    let mut writes = Vec::new();
-    let w = tree
-        .write_dirty(
-            1,
-            &mut || {
-                next += 1;
-                Ok(next)
-            },
-            &mut |b, bytes| {
-                writes.push((b, bytes));
-                Ok(())
-            },
-        )
-        .unwrap();
-    store.write(writes).unwrap();
+    let (q, _store, w) = tree_on_device("sim:ssd,size=256M", area.clone(), 64 << 20, 20000);
     // A cold cache: every leaf is on the device only.
     let cold = DeviceStore::new(q.clone(), 4096, area, 64 << 20);
     let mut t = Tree::open(FS_ID, 4096, w.root).unwrap();
