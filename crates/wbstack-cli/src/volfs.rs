@@ -21,14 +21,8 @@ impl VolumeFs {
     /// mkfs on the device of `spec`, then mount it with `opts`.
     pub fn format(spec: &str, opts: MountOptions) -> Result<VolumeFs, String> {
         let q = RequestQueue::open(spec, QueueConfig::default())?;
-        Volume::mkfs(
-            &q,
-            &MkfsOptions {
-                format: opts.format,
-                ..MkfsOptions::default()
-            },
-        )
-        .map_err(|e| format!("mkfs {spec}: {e}"))?;
+        Volume::mkfs(&q, &MkfsOptions::for_mount(&opts))
+            .map_err(|e| format!("mkfs {spec}: {e}"))?;
         let vol = Volume::mount(q, opts).map_err(|e| {
             let hint = if spec.split(',').any(|o| o == "data=0") {
                 " (a sim device with data=0 keeps nothing, not even the filesystem's \

@@ -269,7 +269,7 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
         &q,
         &MkfsOptions {
             fs_id: Some(mix(seed)),
-            format: mopts.format,
+            ..MkfsOptions::for_mount(&mopts)
         },
     )
     .map_err(|e| format!("mkfs: {e}"))?;

@@ -182,14 +182,7 @@ fn serve(p: Plan, daemon: bool) -> Result<(), String> {
 fn open_volume(p: &Plan) -> Result<Volume, String> {
     let q = RequestQueue::open(&p.spec, QueueConfig::default())?;
     if p.fresh {
-        Volume::mkfs(
-            &q,
-            &MkfsOptions {
-                format: p.opts.format,
-                ..MkfsOptions::default()
-            },
-        )
-        .map_err(|e| format!("mkfs: {e}"))?;
+        Volume::mkfs(&q, &MkfsOptions::for_mount(&p.opts)).map_err(|e| format!("mkfs: {e}"))?;
     }
     Volume::mount(q, p.opts.clone()).map_err(|e| format!("{}: {e}", p.spec))
 }

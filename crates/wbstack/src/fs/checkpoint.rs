@@ -18,6 +18,7 @@
 use super::btree::store::DeviceStore;
 use super::btree::{Root, Tree, TreeError};
 use super::error::{FsError, FsResult};
+use super::format::Checkpoint;
 use super::meta::Meta;
 use super::metatree::{self, Captured};
 use crate::block::RequestQueue;
@@ -147,12 +148,28 @@ impl MetaTree {
         })
     }
 
-    /// The blocks went back to the allocator: their cached bytes are no nodes.
-    pub fn forget(&self, blocks: &[u64]) {
-        for &b in blocks {
+    /// The new root is durable: the blocks of the nodes it replaced go back to `meta`'s
+    /// allocator, and their cached bytes are no nodes any more.
+    pub fn release(&self, meta: &mut Meta, freed: &[u64]) -> FsResult<()> {
+        free_nodes(meta, freed)?;
+        for &b in freed {
             self.store.forget(b);
         }
+        Ok(())
     }
+}
+
+/// The checkpoint record of a tree write: its root, as checkpoint `seq` of
+/// transaction `tid` (the journal starts over after it).
+pub(super) fn root_record(fs_id: u64, seq: u64, tid: u64, root: Option<Root>) -> Vec<u8> {
+    Checkpoint {
+        fs_id,
+        seq,
+        tid,
+        journal_pos: 0,
+        image: metatree::encode_root(root),
+    }
+    .encode()
 }
 
 /// Blocks kept from writes for tree nodes: a journal's worth (a checkpoint's dirty
@@ -179,7 +196,7 @@ pub(super) fn alloc_nodes(meta: &mut Meta, goal: u64, n: usize) -> FsResult<Vec<
 }
 
 /// Give the blocks of replaced nodes back (their new root is durable).
-pub(super) fn free_nodes(meta: &mut Meta, blocks: &[u64]) -> FsResult<()> {
+fn free_nodes(meta: &mut Meta, blocks: &[u64]) -> FsResult<()> {
     for &b in blocks {
         if !meta.tree_blocks.remove(&b) {
             return Err(FsError::Corrupt(format!(

@@ -69,16 +69,13 @@ impl Dir {
         }
     }
 
-    pub fn contains(&self, seed: u64, name: &[u8]) -> bool {
-        self.get(seed, name).is_some()
-    }
-
     /// Add or replace `name`; the inode it named before, if any.
     pub fn insert(&mut self, seed: u64, name: &[u8], ino: u64) -> Option<u64> {
         self.insert_at(name_hash(seed, name), name, ino)
     }
 
-    fn insert_at(&mut self, h: u64, name: &[u8], ino: u64) -> Option<u64> {
+    /// `insert` with the name's hash known.
+    pub(super) fn insert_at(&mut self, h: u64, name: &[u8], ino: u64) -> Option<u64> {
         debug_assert!(
             h >= FIRST_COOKIE,
             "a name's hash {h} below the first cookie"
@@ -113,7 +110,8 @@ impl Dir {
         self.remove_at(name_hash(seed, name), name)
     }
 
-    fn remove_at(&mut self, h: u64, name: &[u8]) -> Option<u64> {
+    /// `remove` with the name's hash known.
+    pub(super) fn remove_at(&mut self, h: u64, name: &[u8]) -> Option<u64> {
         let slot = self.by_hash.get_mut(&h)?;
         let ino = match slot {
             Slot::One((n, ino)) => {

@@ -23,8 +23,9 @@
 //! The next use builds a new mapping from the durable metadata, which at rest is all
 //! there is to know of the inode.
 
+use super::lazylru::LazyLru;
 use crate::mm::cache::Mapping;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The limit the mount option `inode_cache` defaults to: the kernel's inode hash table
@@ -73,9 +74,8 @@ pub(super) struct RestEpoch {
 
 pub(super) struct InodeCache {
     map: HashMap<u64, Slot>,
-    /// Unused inodes without pages, oldest first: (ino, gen).
-    lru: VecDeque<(u64, u64)>,
-    next_gen: u64,
+    /// Unused inodes without pages, oldest first.
+    lru: LazyLru,
     limit: usize,
     evicted: u64,
     examined: u64,
@@ -90,8 +90,7 @@ impl InodeCache {
     pub fn new(limit: usize) -> InodeCache {
         InodeCache {
             map: HashMap::new(),
-            lru: VecDeque::new(),
-            next_gen: 0,
+            lru: LazyLru::new(),
             limit,
             evicted: 0,
             examined: 0,
@@ -151,10 +150,7 @@ impl InodeCache {
         if s.lru_gen.is_some() {
             return;
         }
-        let gen = self.next_gen;
-        self.next_gen += 1;
-        s.lru_gen = Some(gen);
-        self.lru.push_back((ino, gen));
+        s.lru_gen = Some(self.lru.push(ino));
         self.compact();
     }
 
@@ -173,11 +169,10 @@ impl InodeCache {
     /// Drop stale LRU entries once they outnumber the cache, so churn below the limit
     /// (create, delete, create...) cannot grow the LRU without bound.
     fn compact(&mut self) {
-        if self.lru.len() > 2 * self.map.len() + 64 {
-            let map = &self.map;
-            self.lru
-                .retain(|(ino, gen)| map.get(ino).is_some_and(|s| s.lru_gen == Some(*gen)));
-        }
+        let map = &self.map;
+        self.lru.compact(map.len(), |ino, gen| {
+            map.get(&ino).is_some_and(|s| s.lru_gen == Some(gen))
+        });
     }
 
     /// Evict inodes from the LRU until at most `limit` are cached, a batch at most;
@@ -196,7 +191,7 @@ impl InodeCache {
         let mut skips = 0;
         let mut waiting = false;
         while out.len() < excess && skips < PRUNE_SKIPS {
-            let Some((ino, gen)) = self.lru.pop_front() else {
+            let Some((ino, gen)) = self.lru.pop_oldest() else {
                 break;
             };
             let Some(s) = self.map.get_mut(&ino).filter(|s| s.lru_gen == Some(gen)) else {
@@ -216,7 +211,7 @@ impl InodeCache {
                 Verdict::Later | Verdict::Transient => {
                     waiting |= verdict == Verdict::Later;
                     skips += 1;
-                    self.lru.push_back((ino, gen));
+                    self.lru.requeue(ino, gen);
                 }
                 Verdict::Off => {
                     skips += 1;

@@ -15,7 +15,7 @@
 //! one a crash would need: the newest valid checkpoint and the journal after it stay
 //! intact until the new checkpoint is durable.
 
-use super::checkpoint::{alloc_nodes, free_nodes, meta_reserve, MetaTree};
+use super::checkpoint::{alloc_nodes, meta_reserve, root_record, MetaTree};
 use super::error::{FsError, FsResult};
 use super::format::{
     Checkpoint, FormatError, Record, Superblock, Txn, BLOCK_SIZE, DEFAULT_VERSION, SB_BLOCKS,
@@ -51,6 +51,17 @@ pub struct MkfsOptions {
     /// Format version to write: 3 (whole-metadata checkpoints) or 4 (the metadata
     /// tree); None: `DEFAULT_VERSION`.
     pub format: Option<u32>,
+}
+
+impl MkfsOptions {
+    /// What a tool's fresh volume is made with: the format its mount options ask for
+    /// (`-o format=N`), a random fs_id.
+    pub fn for_mount(o: &MountOptions) -> MkfsOptions {
+        MkfsOptions {
+            format: o.format,
+            ..MkfsOptions::default()
+        }
+    }
 }
 
 fn sector(block: u64) -> u64 {
@@ -510,15 +521,7 @@ impl Volume {
                 (MountCheckpoint::Tree, Some(tree)) => {
                     let meta = &mut l.meta;
                     let w = tree.write_nodes(seq, &mut |goal, n| alloc_nodes(meta, goal, n))?;
-                    let enc = Checkpoint {
-                        fs_id: l.sb.fs_id,
-                        seq,
-                        tid: l.last_tid,
-                        journal_pos: 0,
-                        image: metatree::encode_root(w.root),
-                    }
-                    .encode();
-                    (enc, w.freed)
+                    (root_record(l.sb.fs_id, seq, l.last_tid, w.root), w.freed)
                 }
                 (MountCheckpoint::Tree, None) => {
                     return Err(FsError::Corrupt("a tree checkpoint without a tree".into()))
@@ -529,9 +532,8 @@ impl Volume {
                 IoBuf::from_slice(&enc),
                 BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
             )?;
-            free_nodes(&mut l.meta, &freed)?;
             if let Some(t) = &l.tree {
-                t.forget(&freed);
+                t.release(&mut l.meta, &freed)?;
             }
             (slot, seq, 0)
         } else {
@@ -1040,21 +1042,13 @@ impl Vol {
         let w = mt.write(changes, seq, &mut |goal, n| {
             alloc_nodes(&mut self.st.lock().meta, goal, n)
         })?;
-        let enc = Checkpoint {
-            fs_id: self.sb.fs_id,
-            seq,
-            tid,
-            journal_pos: 0,
-            image: metatree::encode_root(w.root),
-        }
-        .encode();
+        let enc = root_record(self.sb.fs_id, seq, tid, w.root);
         self.q.write_sync(
             sector(self.sb.checkpoint[slot].0),
             IoBuf::from_slice(&enc),
             flags,
         )?;
-        free_nodes(&mut self.st.lock().meta, &w.freed)?;
-        mt.forget(&w.freed);
+        mt.release(&mut self.st.lock().meta, &w.freed)?;
         Ok(w.bytes + enc.len() as u64)
     }
 

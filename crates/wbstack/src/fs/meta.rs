@@ -12,7 +12,7 @@
 //! words, never a panic: the same code checks images for `fsck`.
 
 use super::alloc::{AllocError, Allocator, FreeSpace};
-use super::dir::Dir;
+use super::dir::{name_hash, Dir};
 use super::extents::ExtentMap;
 use super::format::{FormatError, InodeKind, Reader, Record, Writer, BLOCK_SIZE};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -416,7 +416,9 @@ impl Meta {
                         "link into inode {parent}, which is not a directory"
                     ));
                 }
-                if p.entries.contains(self.name_seed, name) {
+                // Hashed once for the check and the insert (every create comes here).
+                let h = name_hash(self.name_seed, name);
+                if p.entries.get_at(h, name).is_some() {
                     return bad(format!(
                         "link of {:?} into directory {parent}: the name exists",
                         String::from_utf8_lossy(name)
@@ -428,9 +430,8 @@ impl Meta {
                 if self.get(*ino)?.links == u32::MAX {
                     return bad(format!("link to inode {ino}, whose link count is full"));
                 }
-                let seed = self.name_seed;
                 let p = self.get_mut(*parent)?;
-                p.entries.insert(seed, name, *ino);
+                p.entries.insert_at(h, name, *ino);
                 p.subdirs += u32::from(child_is_dir);
                 let c = self.get_mut(*ino)?;
                 c.links += 1;
@@ -441,7 +442,8 @@ impl Meta {
             }
             Record::Unlink { parent, name, ino } => {
                 let p = self.get(*parent)?;
-                if p.entries.get(self.name_seed, name) != Some(*ino) {
+                let h = name_hash(self.name_seed, name);
+                if p.entries.get_at(h, name) != Some(*ino) {
                     return bad(format!(
                         "unlink of {:?} from directory {parent}: it does not name inode {ino}",
                         String::from_utf8_lossy(name)
@@ -451,9 +453,8 @@ impl Meta {
                     return bad(format!("unlink of inode {ino} with no links"));
                 }
                 let child_is_dir = self.get(*ino)?.is_dir();
-                let seed = self.name_seed;
                 let p = self.get_mut(*parent)?;
-                p.entries.remove(seed, name);
+                p.entries.remove_at(h, name);
                 p.subdirs -= u32::from(child_is_dir);
                 let c = self.get_mut(*ino)?;
                 c.links -= 1;

@@ -1,7 +1,7 @@
 //! The metadata as keys of the B+tree (`fs::btree`): the schema, the tree operations
-//! that bring the tree up to date with what `Meta::apply` changed (`ops`), and the
-//! metadata rebuilt from a tree (`load`). Issue 16, step 2's groundwork: the volume
-//! still checkpoints the whole image; nothing here is on disk yet.
+//! that bring the tree up to date with what `Meta::apply` changed (`capture`, then
+//! `apply_captured`; `ops` for all at once), and the metadata rebuilt from a tree
+//! (`load`). Format 4's checkpoint (`fs::checkpoint`) writes these keys.
 //!
 //! Keys sort as bytes; numbers in keys are big-endian so they sort as numbers, and all
 //! of one inode's keys sit together (one leaf serves a stat, a short extent list or a
@@ -542,7 +542,7 @@ pub fn load(
                             i.mtime_ns = g(33)?;
                             i.ctime_ns = g(41)?;
                             i.rdev = f(49)?;
-                            if v.len() != 53 {
+                            if v.len() != CORE_BYTES {
                                 return Err(corrupt(format!(
                                     "inode {ino}: a record of {} bytes",
                                     v.len()

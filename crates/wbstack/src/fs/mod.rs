@@ -7,6 +7,7 @@
 //! - `alloc`: free space as an extent map; reservations, goal cursor, deferred frees.
 //! - `extents`: an inode's extent map (inline while it holds one extent).
 //! - `dir`: a directory's entries in readdir order (by name hash: the cookies).
+//! - `lazylru`: the lazily kept LRU order both caches (inodes, tree nodes) share.
 //! - `icache`: the inode cache (mappings of files, evicted past a limit when at rest).
 //! - `metatree`: the metadata as keys of the B+tree (schema, incremental ops, load).
 //! - `meta`: the durable metadata and the one `apply` that both live operations and
@@ -32,6 +33,7 @@ pub mod fuzz;
 mod icache;
 mod jdata;
 pub mod journal;
+mod lazylru;
 pub mod meta;
 pub mod metatree;
 pub mod ops;

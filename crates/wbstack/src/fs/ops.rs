@@ -267,11 +267,7 @@ impl Volume {
     /// `readdir_page`'s.
     pub fn opendir_as(&self, c: &Cred, ino: u64) -> FsResult<()> {
         let st = self.vol.st.lock();
-        let d = st.inode(ino)?;
-        if !d.is_dir() {
-            return Err(FsError::NotDir(format!("inode {ino}")));
-        }
-        perm::check(c, d, MAY_READ, "readdir")
+        perm::check(c, st.dir(ino)?, MAY_READ, "readdir")
     }
 
     /// Up to `max` entries of directory `ino` after readdir cookie `cookie` (0: from
@@ -282,11 +278,7 @@ impl Volume {
     /// (`fs::dir`). Permission is opendir's (`opendir_as`), as POSIX checks it at open.
     pub fn readdir_page(&self, ino: u64, cookie: u64, max: usize) -> FsResult<Vec<DirPageEntry>> {
         let st = self.vol.st.lock();
-        let d = st.inode(ino)?;
-        if !d.is_dir() {
-            return Err(FsError::NotDir(format!("inode {ino}")));
-        }
-        Ok(d.entries.page(cookie, max, |c| st.kind_of(c)))
+        Ok(st.dir(ino)?.entries.page(cookie, max, |c| st.kind_of(c)))
     }
 
     /// The parent of directory `ino` (for "..").

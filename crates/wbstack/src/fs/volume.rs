@@ -647,12 +647,18 @@ impl State {
         i.map_or(InodeKind::File, |i| i.kind)
     }
 
+    /// Directory `ino` (ENOTDIR if it is something else).
+    pub(super) fn dir(&self, ino: u64) -> FsResult<&Inode> {
+        let d = self.inode(ino)?;
+        if !d.is_dir() {
+            return Err(FsError::NotDir(format!("inode {ino}")));
+        }
+        Ok(d)
+    }
+
     /// Look `name` up in directory `dir`.
     pub(super) fn lookup(&self, dir: u64, name: &[u8]) -> FsResult<u64> {
-        let d = self.inode(dir)?;
-        if !d.is_dir() {
-            return Err(FsError::NotDir(format!("inode {dir}")));
-        }
+        let d = self.dir(dir)?;
         match name {
             b"." => Ok(dir),
             b".." => Ok(d.parent.max(ROOT_INO)),
@@ -1484,9 +1490,7 @@ impl Vol {
         st.check_writable()?;
         check_name(nn)?;
         let ino = st.lookup(od, on)?;
-        if !st.inode(nd)?.is_dir() {
-            return Err(FsError::NotDir(format!("inode {nd}")));
-        }
+        st.dir(nd)?;
         let src_dir = st.inode(ino)?.is_dir();
         if src_dir {
             st.check_not_into_itself(ino, nd)?;

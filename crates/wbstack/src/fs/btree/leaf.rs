@@ -60,7 +60,10 @@ impl Leaf {
     }
 
     pub fn key(&self, i: usize) -> &[u8] {
-        let s = self.slots[i];
+        self.key_of(self.slots[i])
+    }
+
+    fn key_of(&self, s: Slot) -> &[u8] {
         &self.buf[s.off as usize..s.off as usize + usize::from(s.klen)]
     }
 
@@ -76,9 +79,7 @@ impl Leaf {
 
     /// Where `key` is (Ok) or would go (Err), as `slice::binary_search`.
     pub fn search(&self, key: &[u8]) -> Result<usize, usize> {
-        self.slots.binary_search_by(|s| {
-            self.buf[s.off as usize..s.off as usize + usize::from(s.klen)].cmp(key)
-        })
+        self.slots.binary_search_by(|&s| self.key_of(s).cmp(key))
     }
 
     /// The bytes of a key and value, appended; the slot that refers to them.
@@ -167,9 +168,8 @@ impl Leaf {
             self.is_empty() || other.is_empty() || self.key(self.len() - 1) < other.key(0),
             "appending a leaf whose keys are not above"
         );
-        for i in 0..other.len() {
-            let s = self.append_bytes(other.key(i), other.value(i));
-            self.slots.push(s);
+        for (k, v) in other.iter() {
+            self.push(k, v);
         }
         *other = Leaf::new();
     }

@@ -7,8 +7,9 @@
 use super::{NodeStore, TreeError, TreeResult};
 use crate::block::{BioFlags, RequestQueue};
 use crate::buf::IoBuf;
+use crate::fs::lazylru::LazyLru;
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -32,9 +33,8 @@ pub struct StoreStats {
 
 struct NodeCache {
     map: HashMap<u64, Slot>,
-    /// Second-chance order, oldest first: (block, gen); stale entries are skipped.
-    queue: VecDeque<(u64, u64)>,
-    next_gen: u64,
+    /// Second-chance order, oldest first; stale entries are skipped.
+    queue: LazyLru,
     bytes: usize,
     limit_bytes: usize,
     stats: StoreStats,
@@ -48,8 +48,7 @@ struct Slot {
 
 impl NodeCache {
     fn insert(&mut self, block: u64, bytes: Arc<Vec<u8>>) {
-        let gen = self.next_gen;
-        self.next_gen += 1;
+        let gen = self.queue.push(block);
         self.bytes += bytes.len();
         if let Some(old) = self.map.insert(
             block,
@@ -61,26 +60,23 @@ impl NodeCache {
         ) {
             self.bytes -= old.bytes.len();
         }
-        self.queue.push_back((block, gen));
         while self.bytes > self.limit_bytes {
-            let Some((b, g)) = self.queue.pop_front() else {
+            let Some((b, g)) = self.queue.pop_oldest() else {
                 break;
             };
             let Some(s) = self.map.get_mut(&b).filter(|s| s.gen == g) else {
                 continue;
             };
             if std::mem::take(&mut s.referenced) {
-                self.queue.push_back((b, g));
+                self.queue.requeue(b, g);
                 continue;
             }
             let s = self.map.remove(&b).expect("found above");
             self.bytes -= s.bytes.len();
         }
-        if self.queue.len() > 2 * self.map.len() + 64 {
-            let map = &self.map;
-            self.queue
-                .retain(|(b, g)| map.get(b).is_some_and(|s| s.gen == *g));
-        }
+        let map = &self.map;
+        self.queue
+            .compact(map.len(), |b, g| map.get(&b).is_some_and(|s| s.gen == g));
     }
 }
 
@@ -98,8 +94,7 @@ impl DeviceStore {
             area,
             cache: Mutex::new(NodeCache {
                 map: HashMap::new(),
-                queue: VecDeque::new(),
-                next_gen: 0,
+                queue: LazyLru::new(),
                 bytes: 0,
                 limit_bytes: cache_bytes,
                 stats: StoreStats::default(),
@@ -109,6 +104,10 @@ impl DeviceStore {
 
     fn sector(&self, block: u64) -> u64 {
         block * (self.node_size as u64 / SECTOR)
+    }
+
+    fn block_of(&self, sector: u64) -> u64 {
+        sector / (self.node_size as u64 / SECTOR)
     }
 
     /// Write nodes (as `Tree::write_dirty` produced them) in one plug, adjacent ones
@@ -137,7 +136,7 @@ impl DeviceStore {
         for _ in &nodes {
             let (bio, st) = w.wait_one();
             st.map_err(|e| TreeError::Io {
-                block: bio.sector / (self.node_size as u64 / SECTOR),
+                block: self.block_of(bio.sector),
                 why: e.to_string(),
             })?;
         }
@@ -167,22 +166,23 @@ impl DeviceStore {
 
 impl NodeStore for DeviceStore {
     fn prefetch(&self, blocks: &[u64]) {
-        let mut want: Vec<u64> = {
+        let (mut want, room): (Vec<u64>, usize) = {
             let c = self.cache.lock();
-            blocks
+            let want = blocks
                 .iter()
                 .copied()
                 .filter(|b| self.area.contains(b) && !c.map.contains_key(b))
-                .collect()
+                .collect();
+            (want, c.limit_bytes / self.node_size / 2)
         };
-        if want.is_empty() {
-            return;
-        }
         // In block order, in one plug: neighbours merge into larger reads. No more
         // than half the cache holds, or the first would be gone before they are read.
         want.sort_unstable();
         want.dedup();
-        want.truncate(self.cache.lock().limit_bytes / self.node_size / 2);
+        want.truncate(room);
+        if want.is_empty() {
+            return;
+        }
         let w = crate::block::BioWait::new();
         let mut sent = 0;
         {
@@ -205,10 +205,7 @@ impl NodeStore for DeviceStore {
         for (bio, status) in done {
             // A failed read is left for `read`, which reports it with the block.
             if let (Ok(_), Some(buf)) = (status, bio.buf) {
-                c.insert(
-                    bio.sector / (self.node_size as u64 / SECTOR),
-                    Arc::new(buf.as_slice().to_vec()),
-                );
+                c.insert(self.block_of(bio.sector), Arc::new(buf.as_slice().to_vec()));
             }
         }
     }
