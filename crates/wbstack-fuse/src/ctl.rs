@@ -130,6 +130,9 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
         ("inode_cache_live", ic.live),
         ("inode_cache_evicted", ic.evicted),
         ("inode_cache_examined", ic.examined),
+        ("inodes_resident", ic.inodes_resident),
+        ("inodes_read_back", ic.inodes_read_back),
+        ("inodes_dropped", ic.inodes_dropped),
         ("fuse_requests", counters.total()),
         ("data_start_sector", vol.superblock().data_start * 8),
     ];

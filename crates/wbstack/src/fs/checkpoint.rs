@@ -13,15 +13,19 @@
 //! 3. the root record into the older slot with PREFLUSH|FUA: the nodes are durable
 //!    before it, it before anything that relies on it;
 //! 4. only then the blocks of the nodes it replaced go back to the allocator: until
-//!    the new root was durable, a crash would have used the old one.
+//!    the new root was durable, a crash would have used the old one. In the same step
+//!    (under `st`) the inode cache reads back from the new root (`DurableTree`), and
+//!    may drop the inodes whose changes it holds (`fs::inodes`).
 
 use super::btree::store::DeviceStore;
 use super::btree::{Root, Tree, TreeError};
 use super::error::{FsError, FsResult};
 use super::format::Checkpoint;
-use super::meta::Meta;
+use super::inodes::InodeSource;
+use super::meta::{Inode, Meta, MetaError};
 use super::metatree::{self, Captured};
 use crate::block::RequestQueue;
+use parking_lot::Mutex;
 use std::sync::Arc;
 
 /// Node size of the metadata tree: one block.
@@ -34,8 +38,39 @@ const WRITE_BATCH: usize = 1024;
 /// The volume's tree, its nodes' store, and where the next node goes.
 pub(super) struct MetaTree {
     pub tree: Tree,
-    pub store: DeviceStore,
+    pub store: Arc<DeviceStore>,
     cursor: u64,
+    durable: Arc<DurableTree>,
+}
+
+/// The tree as its last durable root has it: where the inode cache reads back inodes
+/// it dropped (`fs::inodes`), while the committer changes `MetaTree::tree` for the next
+/// checkpoint. A durable root's nodes stay on disk until the next root is durable, and
+/// the root moves only in `MetaTree::release`, under `st`, as every read back runs: a
+/// read never meets a node block already given back.
+pub(super) struct DurableTree {
+    fs_id: u64,
+    store: Arc<DeviceStore>,
+    root: Mutex<Option<Root>>,
+}
+
+impl DurableTree {
+    fn tree(&self) -> Result<Tree, MetaError> {
+        Tree::open(self.fs_id, NODE_SIZE, *self.root.lock()).map_err(|e| MetaError(e.to_string()))
+    }
+}
+
+impl InodeSource for DurableTree {
+    fn read_inode(&self, ino: u64) -> Result<Option<Inode>, MetaError> {
+        // Names are hashed with the fs_id as seed (`Meta::name_seed`).
+        metatree::load_inode(&self.tree()?, &*self.store, self.fs_id, ino)
+            .map_err(|e| MetaError(format!("reading inode {ino} back: {e}")))
+    }
+
+    fn read_all(&self) -> Result<Vec<(u64, Inode)>, MetaError> {
+        metatree::load_files(&self.tree()?, &*self.store, self.fs_id)
+            .map_err(|e| MetaError(format!("reading the inodes back: {e}")))
+    }
 }
 
 /// What `MetaTree::write` did: the new root, the blocks of the nodes it replaced (free
@@ -62,9 +97,15 @@ impl MetaTree {
         root: Option<Root>,
     ) -> FsResult<MetaTree> {
         let cursor = data.start;
+        let store = Arc::new(DeviceStore::new(q, NODE_SIZE, data, NODE_CACHE_BYTES));
         Ok(MetaTree {
             tree: Tree::open(fs_id, NODE_SIZE, root).map_err(tree_err)?,
-            store: DeviceStore::new(q, NODE_SIZE, data, NODE_CACHE_BYTES),
+            durable: Arc::new(DurableTree {
+                fs_id,
+                store: store.clone(),
+                root: Mutex::new(root),
+            }),
+            store,
             cursor,
         })
     }
@@ -72,10 +113,10 @@ impl MetaTree {
     /// Every node of the durable tree checked (levels, key fences, no block twice), and
     /// the metadata it holds (mount and fsck).
     pub fn load(&self, seed: u64, data_start: u64, nr_blocks: u64) -> FsResult<Meta> {
-        let blocks = self.tree.check(&self.store).map_err(tree_err)?;
+        let blocks = self.tree.check(&*self.store).map_err(tree_err)?;
         metatree::load(
             &self.tree,
-            &self.store,
+            &*self.store,
             seed,
             &blocks,
             data_start,
@@ -96,7 +137,7 @@ impl MetaTree {
         seq: u64,
         alloc: &mut dyn FnMut(u64, usize) -> FsResult<Vec<u64>>,
     ) -> FsResult<TreeWrite> {
-        metatree::apply_captured(&mut self.tree, &self.store, changes).map_err(tree_err)?;
+        metatree::apply_captured(&mut self.tree, &*self.store, changes).map_err(tree_err)?;
         self.write_nodes(seq, alloc)
     }
 
@@ -148,11 +189,19 @@ impl MetaTree {
         })
     }
 
-    /// The new root is durable: the blocks of the nodes it replaced go back to `meta`'s
-    /// allocator, and their cached bytes are no nodes any more.
-    pub fn release(&self, meta: &mut Meta, freed: &[u64]) -> FsResult<()> {
-        free_nodes(meta, freed)?;
-        for &b in freed {
+    /// Where `meta`'s inode cache reads back what it dropped.
+    pub fn source(&self) -> Arc<dyn InodeSource> {
+        self.durable.clone()
+    }
+
+    /// The new root of `w` is durable, holding the changes of generation `gen`: the
+    /// blocks of the nodes it replaced go back to `meta`'s allocator, their cached bytes
+    /// are no nodes any more, and inodes are read back from it. Under `st`.
+    pub fn release(&self, meta: &mut Meta, w: &TreeWrite, gen: u64) -> FsResult<()> {
+        *self.durable.root.lock() = w.root;
+        meta.gen_durable(gen);
+        free_nodes(meta, &w.freed)?;
+        for &b in &w.freed {
             self.store.forget(b);
         }
         Ok(())

@@ -224,7 +224,7 @@ impl Vol {
                 now,
             )?;
         }
-        if let Some(i) = st.meta.inodes.get_mut(&ino) {
+        if let Some(i) = st.meta.resident_mut(ino) {
             i.size = size;
         }
         st.txn_inodes.insert(ino);

@@ -62,15 +62,15 @@ pub fn fsck(q: &Arc<RequestQueue>) -> FsckReport {
         r.problems.push(e);
     }
     r.problems.extend(l.meta.check());
-    let m = &l.meta;
-    r.inodes = m.inodes.len() as u64;
-    r.directories = m.inodes.values().filter(|i| i.is_dir()).count() as u64;
-    r.files = m
-        .inodes
+    let all = l.meta.resident_inodes();
+    r.inodes = all.len() as u64;
+    r.directories = all.values().filter(|i| i.is_dir()).count() as u64;
+    r.files = all
         .values()
         .filter(|i| i.kind == super::format::InodeKind::File)
         .count() as u64;
-    r.used_blocks = m.inodes.values().map(|i| i.blocks()).sum();
+    r.used_blocks = all.values().map(|i| i.blocks()).sum();
+    let m = &l.meta;
     r.free_blocks = m.alloc.space().free_blocks();
     r.checkpoint_seq = l.ckpt_seq;
     r.transactions_replayed = l.txns_replayed;

@@ -145,7 +145,7 @@ impl Vol {
         let i_size = mapping.size();
         // Blocks first: mapped ones are overwritten in place, the others are allocated
         // from the reservation write() made, consecutive pages together.
-        let inode = st.meta.inodes.get(&ino).expect("eligible");
+        let inode = st.meta.resident(ino).expect("eligible: in use");
         let unmapped: Vec<u64> = pages
             .iter()
             .map(|(p, _)| *p)
@@ -173,7 +173,7 @@ impl Vol {
         let mut k = 0;
         while k < pages.len() {
             let p = pages[k].0;
-            let inode = st.meta.inodes.get(&ino).expect("eligible");
+            let inode = st.meta.resident(ino).expect("eligible: in use");
             if let Some(b) = inode.lookup_block(p) {
                 blocks.push((p, b));
                 k += 1;
@@ -257,7 +257,7 @@ impl Vol {
         }
         let last = pages.last().map_or(0, |(p, _)| *p);
         let written_end = ((last + 1) * PAGE).min(i_size);
-        if let Some(i) = st.meta.inodes.get_mut(&ino) {
+        if let Some(i) = st.meta.resident_mut(ino) {
             if written_end > i.size {
                 i.size = written_end;
                 st.txn_inodes.insert(ino);
@@ -404,8 +404,7 @@ fn eligible(st: &State, ino: u64) -> bool {
     st.aborted.is_none()
         && st
             .meta
-            .inodes
-            .get(&ino)
+            .resident(ino)
             .is_some_and(|i| i.kind == InodeKind::File)
         && !st.truncating.contains_key(&ino)
         && st

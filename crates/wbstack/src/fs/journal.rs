@@ -112,7 +112,8 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
     let image = if sb.version >= TREE_VERSION {
         meta.alloc.set_meta_reserve(meta_reserve(sb.journal_blocks));
         let mut mt = MetaTree::open(q.clone(), fs_id, sb.data_start..nr, None)?;
-        let all = metatree::capture(&meta, metatree::all_changes(&meta));
+        let changes = metatree::all_changes(&mut meta);
+        let all = metatree::capture(&meta, changes);
         let w = mt.write(all, 1, &mut |goal, n| alloc_nodes(&mut meta, goal, n))?;
         metatree::encode_root(w.root)
     } else {
@@ -349,18 +350,20 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountChe
     // The changes go into the tree now (reads only: writing is mount's), so what
     // cannot go in is found by fsck too.
     let changes = l.meta.take_changes();
+    let gen = changes.gen;
     let captured = metatree::capture(&l.meta, changes);
-    metatree::apply_captured(&mut tree.tree, &tree.store, captured)
+    metatree::apply_captured(&mut tree.tree, &*tree.store, captured)
         .map_err(|e| format!("the metadata tree: {e}"))?;
-    Ok((orphans, Some(MountCheckpoint::Tree)))
+    Ok((orphans, Some(MountCheckpoint::Tree { gen })))
 }
 
 /// What mount's checkpoint writes (`prepare_mount`).
 pub(super) enum MountCheckpoint {
     /// A whole-metadata checkpoint, encoded (formats up to 3).
     Image(Vec<u8>),
-    /// The tree's dirty nodes, then its root record (format 4).
-    Tree,
+    /// The tree's dirty nodes, then its root record (format 4), holding the inode
+    /// cache's generation `gen`.
+    Tree { gen: u64 },
 }
 
 /// Whether mount must write a checkpoint: only when the state differs from the newest
@@ -516,14 +519,17 @@ impl Volume {
         let (slot, seq, head) = if let Some(ckpt) = ckpt {
             let slot = 1 - l.ckpt_slot;
             let seq = l.ckpt_seq + 1;
-            let (enc, freed) = match (ckpt, l.tree.as_mut()) {
-                (MountCheckpoint::Image(enc), _) => (enc, Vec::new()),
-                (MountCheckpoint::Tree, Some(tree)) => {
+            let (enc, written) = match (ckpt, l.tree.as_mut()) {
+                (MountCheckpoint::Image(enc), _) => (enc, None),
+                (MountCheckpoint::Tree { gen }, Some(tree)) => {
                     let meta = &mut l.meta;
                     let w = tree.write_nodes(seq, &mut |goal, n| alloc_nodes(meta, goal, n))?;
-                    (root_record(l.sb.fs_id, seq, l.last_tid, w.root), w.freed)
+                    (
+                        root_record(l.sb.fs_id, seq, l.last_tid, w.root),
+                        Some((w, gen)),
+                    )
                 }
-                (MountCheckpoint::Tree, None) => {
+                (MountCheckpoint::Tree { .. }, None) => {
                     return Err(FsError::Corrupt("a tree checkpoint without a tree".into()))
                 }
             };
@@ -532,14 +538,19 @@ impl Volume {
                 IoBuf::from_slice(&enc),
                 BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
             )?;
-            if let Some(t) = &l.tree {
-                t.release(&mut l.meta, &freed)?;
+            if let (Some(t), Some((w, gen))) = (&l.tree, written) {
+                t.release(&mut l.meta, &w, gen)?;
             }
             (slot, seq, 0)
         } else {
             (l.ckpt_slot, l.ckpt_seq, l.ckpt_journal_pos)
         };
         l.meta.take_changes();
+        if let Some(t) = &l.tree {
+            // From now on inodes not in use may be dropped, and are read back from the
+            // tree: everything in memory is in it.
+            l.meta.set_source(t.source());
+        }
         if l.sb.version < DEFAULT_VERSION {
             // An older image: from now on it may hold what only this version reads, so
             // an older binary must meet a version error, not a puzzling record.
@@ -873,6 +884,7 @@ impl Vol {
                 return;
             }
             st.restate();
+            self.prune_meta(&mut st);
             let records = std::mem::take(&mut st.txn);
             st.txn_bytes = 0;
             let tid = st.running_tid;
@@ -1039,6 +1051,7 @@ impl Vol {
         let Some(mt) = guard.as_mut() else {
             return Err(FsError::Corrupt("a tree checkpoint without a tree".into()));
         };
+        let gen = changes.gen;
         let w = mt.write(changes, seq, &mut |goal, n| {
             alloc_nodes(&mut self.st.lock().meta, goal, n)
         })?;
@@ -1048,7 +1061,7 @@ impl Vol {
             IoBuf::from_slice(&enc),
             flags,
         )?;
-        mt.release(&mut self.st.lock().meta, &w.freed)?;
+        mt.release(&mut self.st.lock().meta, &w, gen)?;
         Ok(w.bytes + enc.len() as u64)
     }
 
@@ -1223,26 +1236,29 @@ impl Vol {
             return Ok(());
         }
         let r = self.sync_all();
-        let ck = if self.jn.lock().error.is_none() {
-            let before = self.jn.lock().stats.checkpoints;
-            {
-                let mut j = self.jn.lock();
-                j.force_checkpoint = true;
-            }
-            self.jwaiter.kick();
-            let mut j = self.jn.lock();
-            while j.stats.checkpoints == before && j.error.is_none() {
-                self.jcv.wait(&mut j);
-            }
-            match &j.error {
-                Some(e) => Err(FsError::ReadOnly(e.clone())),
-                None => Ok(()),
-            }
-        } else {
-            Err(FsError::Io)
-        };
+        let ck = self.checkpoint_now();
         self.stop_threads("the volume was unmounted");
         r.and(ck)
+    }
+
+    /// Have the committer commit and checkpoint, and wait for it.
+    pub(super) fn checkpoint_now(&self) -> FsResult<()> {
+        let mut j = self.jn.lock();
+        if j.error.is_some() {
+            return Err(FsError::Io);
+        }
+        let before = j.stats.checkpoints;
+        j.force_checkpoint = true;
+        drop(j);
+        self.jwaiter.kick();
+        let mut j = self.jn.lock();
+        while j.stats.checkpoints == before && j.error.is_none() {
+            self.jcv.wait(&mut j);
+        }
+        match &j.error {
+            Some(e) => Err(FsError::ReadOnly(e.clone())),
+            None => Ok(()),
+        }
     }
 
     pub(super) fn stop_threads(&self, why: &str) {

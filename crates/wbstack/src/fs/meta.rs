@@ -15,7 +15,9 @@ use super::alloc::{AllocError, Allocator, FreeSpace};
 use super::dir::{name_hash, Dir};
 use super::extents::ExtentMap;
 use super::format::{FormatError, InodeKind, Reader, Record, Writer, BLOCK_SIZE};
+use super::inodes::{InodeSource, Inodes, MetaCacheStats};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 pub const ROOT_INO: u64 = 1;
 /// Directory-entry names are at most this long (NAME_MAX).
@@ -170,9 +172,14 @@ pub enum ApplyMode {
 /// The whole durable metadata.
 #[derive(Clone, Debug)]
 pub struct Meta {
-    /// Boxed: the map's buckets are sized in powers of two above the count, and an
-    /// inline inode would spend its full size on every empty bucket.
-    pub inodes: HashMap<u64, Box<Inode>>,
+    /// Every inode, or on a mounted format 4 volume those in use and those changed
+    /// since the last durable checkpoint (`fs::inodes`). Boxed: the map's buckets are
+    /// sized in powers of two above the count, and an inline inode would spend its full
+    /// size on every empty bucket; and a box stays put while the map grows under a
+    /// shared borrow.
+    inodes: Inodes,
+    /// Inodes that exist, in memory or not.
+    nr_inodes: u64,
     pub next_ino: u64,
     pub orphans: BTreeSet<u64>,
     pub alloc: Allocator,
@@ -211,11 +218,18 @@ pub struct Changes {
     pub orphans: Vec<u64>,
     /// Inodes deleted: every key of theirs goes.
     pub deleted: Vec<u64>,
+    /// The generation of the inode cache these changes go out as (`fs::inodes`): once
+    /// a checkpoint holding them is durable, their inodes may be dropped.
+    pub gen: u64,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        *self == Changes::default()
+        *self
+            == Changes {
+                gen: self.gen,
+                ..Changes::default()
+            }
     }
 }
 
@@ -247,11 +261,12 @@ impl Meta {
     /// What the checkpoint image of this state takes but for its free extents,
     /// counted without encoding it (a format 4 mount of a million inodes would
     /// otherwise encode 100 MB only to learn its size).
-    fn image_bytes_without_free(&self) -> u64 {
+    fn image_bytes_without_free(&mut self) -> u64 {
         // next_ino and the counts of inodes, orphans, free extents and extras.
         let counts = 5 * 8;
         let inodes: u64 = self
             .inodes
+            .all_resident()
             .values()
             .map(|i| {
                 INODE_FIXED_BYTES
@@ -284,7 +299,8 @@ impl Meta {
         name_seed: u64,
     ) -> Meta {
         Meta {
-            inodes,
+            nr_inodes: inodes.len() as u64,
+            inodes: Inodes::new(inodes),
             next_ino,
             orphans,
             alloc: Allocator::new(space),
@@ -305,18 +321,90 @@ impl Meta {
         self.image_bytes + self.free_bytes()
     }
 
+    /// Inode `ino` (read back from the metadata tree if it is not in memory).
     pub fn get(&self, ino: u64) -> Result<&Inode, MetaError> {
-        self.inodes
-            .get(&ino)
-            .map(|i| &**i)
+        self.find(ino)?
             .ok_or_else(|| MetaError(format!("inode {ino} does not exist")))
     }
 
+    /// Inode `ino`, or none if it does not exist; an error only if reading it back
+    /// failed.
+    pub fn find(&self, ino: u64) -> Result<Option<&Inode>, MetaError> {
+        if ino >= self.next_ino {
+            // Never created (and a read of the tree for every create would cost more
+            // than the create).
+            return Ok(self.inodes.resident(ino));
+        }
+        self.inodes.fetch(ino)
+    }
+
+    /// Inode `ino` for a change made in place, not through `apply` (sizes and times
+    /// a transaction restates at its close): it stays in memory until a checkpoint
+    /// holds it.
+    pub fn find_mut(&mut self, ino: u64) -> Result<Option<&mut Inode>, MetaError> {
+        self.inodes.fetch_mut(ino)
+    }
+
+    /// Inode `ino` if it is in memory, without IO: for inodes in use (open, with pages
+    /// or IO in flight), which are never dropped.
+    pub fn resident(&self, ino: u64) -> Option<&Inode> {
+        self.inodes.resident(ino)
+    }
+
+    /// Inode `ino` for a change in place, if it is in memory (no IO): for inodes in
+    /// use, which are never dropped.
+    pub fn resident_mut(&mut self, ino: u64) -> Option<&mut Inode> {
+        self.inodes.resident(ino)?;
+        self.inodes.fetch_mut(ino).ok().flatten()
+    }
+
+    /// `resident` and the allocator together (writeback maps an inode's pages while
+    /// it allocates).
+    pub fn resident_with_alloc(&mut self, ino: u64) -> (Option<&Inode>, &mut Allocator) {
+        (self.inodes.resident(ino), &mut self.alloc)
+    }
+
     fn get_mut(&mut self, ino: u64) -> Result<&mut Inode, MetaError> {
-        self.inodes
-            .get_mut(&ino)
-            .map(|i| &mut **i)
+        self.find_mut(ino)?
             .ok_or_else(|| MetaError(format!("inode {ino} does not exist")))
+    }
+
+    /// How many inodes exist.
+    pub fn nr_inodes(&self) -> u64 {
+        self.nr_inodes
+    }
+
+    /// The inodes in memory: every inode unless the cache reads them back on demand
+    /// (`load_all` first for a walk of them all).
+    pub fn resident_inodes(&mut self) -> &mut HashMap<u64, Box<Inode>> {
+        self.inodes.all_resident()
+    }
+
+    /// From now on inodes may be dropped from memory (`evict`) and are read back from
+    /// `source` on demand.
+    pub fn set_source(&mut self, source: Arc<dyn InodeSource>) {
+        self.inodes.set_source(source);
+    }
+
+    /// The checkpoint of generation `gen` is durable.
+    pub fn gen_durable(&mut self, gen: u64) {
+        self.inodes.durable(gen);
+    }
+
+    /// Drop clean inodes not `pinned` until `keep` are in memory, examining at most
+    /// `budget`; the ones dropped.
+    pub fn evict(&mut self, keep: usize, budget: usize, pinned: &dyn Fn(u64) -> bool) -> Vec<u64> {
+        self.inodes.evict(keep, budget, pinned)
+    }
+
+    pub fn cache_stats(&self) -> MetaCacheStats {
+        self.inodes.stats()
+    }
+
+    /// Every inode in memory (those not there read back), for a walk of them all
+    /// (`check` of a mounted volume).
+    pub fn load_all(&mut self) -> Result<(), MetaError> {
+        self.inodes.fetch_all()
     }
 
     /// Record from now on which keys `apply` changes (off: nothing is kept).
@@ -324,12 +412,16 @@ impl Meta {
         self.changes = on.then(Box::default);
     }
 
-    /// The keys changed since the last call (or since tracking began).
+    /// The keys changed since the last call (or since tracking began), as a generation
+    /// of their own.
     pub fn take_changes(&mut self) -> Changes {
-        self.changes
+        let mut c = self
+            .changes
             .as_mut()
             .map(|c| std::mem::take(&mut **c))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        c.gen = self.inodes.close_gen();
+        c
     }
 
     /// Apply one record. On error nothing of the record is applied.
@@ -394,7 +486,7 @@ impl Meta {
                 gid,
                 time_ns,
             } => {
-                if *ino <= ROOT_INO || self.inodes.contains_key(ino) {
+                if *ino <= ROOT_INO || self.find(*ino)?.is_some() {
                     return bad(format!(
                         "create of inode {ino}, which exists or is reserved"
                     ));
@@ -405,6 +497,7 @@ impl Meta {
                 };
                 self.inodes
                     .insert(*ino, Box::new(Inode::new(*kind, *m, *uid, *gid, *time_ns)));
+                self.nr_inodes += 1;
                 self.next_ino = self.next_ino.max(next);
                 self.image_bytes += INODE_FIXED_BYTES;
             }
@@ -598,7 +691,9 @@ impl Meta {
                 let ext: Vec<(u64, u64)> = i.extents.values().copied().collect();
                 let target = i.target.len() as u64 + i.extra_bytes();
                 self.free_blocks(ext.iter().copied(), mode)?;
-                self.inodes.remove(ino);
+                let gone = self.inodes.remove(*ino);
+                debug_assert!(gone.is_some(), "inode {ino} was read for its delete");
+                self.nr_inodes -= 1;
                 if self.orphans.remove(ino) {
                     self.image_bytes -= 8;
                 }
@@ -667,9 +762,10 @@ impl Meta {
 
     /// Every block some inode maps, and the metadata tree's nodes (owner 0), sorted:
     /// (start, len, owner).
-    pub fn used_extents(&self) -> Vec<(u64, u64, u64)> {
+    pub fn used_extents(&mut self) -> Vec<(u64, u64, u64)> {
         let mut v: Vec<(u64, u64, u64)> = self
             .inodes
+            .all_resident()
             .iter()
             .flat_map(|(&ino, i)| i.extents.values().map(move |&(s, l)| (s, l, ino)))
             .chain(self.tree_blocks.iter().map(|&b| (b, 1, 0)))
@@ -681,7 +777,7 @@ impl Meta {
     /// The free extents as the durable state sees them: the complement of every mapped
     /// extent in the data area. (Blocks allocated for writes still in flight, and blocks
     /// freed by transactions not yet committed, are free here: after a crash they are.)
-    pub fn durable_free(&self) -> Vec<(u64, u64)> {
+    pub fn durable_free(&mut self) -> Vec<(u64, u64)> {
         let first = self.alloc.space().first_data_block();
         let end = self.alloc.space().nr_blocks();
         let mut out = Vec::new();
@@ -701,15 +797,16 @@ impl Meta {
     // ---- checkpoint image ------------------------------------------------------------
 
     /// The image a checkpoint stores: next_ino, the inodes, the orphans, the free map.
-    pub fn encode_image(&self) -> Vec<u8> {
+    pub fn encode_image(&mut self) -> Vec<u8> {
         let mut w = Writer(Vec::with_capacity(self.image_bytes as usize + 64));
         let free = self.durable_free();
+        let inodes = &*self.inodes.all_resident();
         w.u64(self.next_ino);
-        w.u64(self.inodes.len() as u64);
-        let mut inos: Vec<&u64> = self.inodes.keys().collect();
+        w.u64(inodes.len() as u64);
+        let mut inos: Vec<&u64> = inodes.keys().collect();
         inos.sort_unstable();
         for ino in inos {
-            let i = &self.inodes[ino];
+            let i = &inodes[ino];
             w.u64(*ino)
                 .u8(i.kind as u8)
                 .u32(i.mode)
@@ -739,11 +836,8 @@ impl Meta {
             w.u64(s).u64(l);
         }
         // v2: device numbers and extended attributes, for the inodes that have any.
-        let mut extra: Vec<(&u64, &Box<Inode>)> = self
-            .inodes
-            .iter()
-            .filter(|(_, i)| i.extra_bytes() > 0)
-            .collect();
+        let mut extra: Vec<(&u64, &Box<Inode>)> =
+            inodes.iter().filter(|(_, i)| i.extra_bytes() > 0).collect();
         extra.sort_unstable_by_key(|(ino, _)| **ino);
         w.u64(extra.len() as u64);
         for (ino, i) in extra {
@@ -932,16 +1026,26 @@ impl Meta {
     /// Every invariant of the durable state, as a list of problems in plain words
     /// (empty when the filesystem is consistent). Orphans are not problems: mount
     /// deletes them.
-    pub fn check(&self) -> Vec<String> {
+    pub fn check(&mut self) -> Vec<String> {
         let mut p = Vec::new();
         let first = self.alloc.space().first_data_block();
         let end = self.alloc.space().nr_blocks();
-        match self.inodes.get(&ROOT_INO) {
+        // Extents: in bounds, inside the file, owned once.
+        let mut used = self.used_extents();
+        let inodes = &*self.inodes.all_resident();
+        if inodes.len() as u64 != self.nr_inodes {
+            p.push(format!(
+                "{} inodes counted but {} exist",
+                self.nr_inodes,
+                inodes.len()
+            ));
+        }
+        match inodes.get(&ROOT_INO) {
             Some(r) if r.is_dir() => {}
             Some(_) => p.push("the root inode is not a directory".to_string()),
             None => p.push("the root directory is missing".to_string()),
         }
-        if let Some(max) = self.inodes.keys().max() {
+        if let Some(max) = inodes.keys().max() {
             if *max >= self.next_ino {
                 p.push(format!(
                     "inode {max} exists but the next free inode number is {}",
@@ -949,8 +1053,6 @@ impl Meta {
                 ));
             }
         }
-        // Extents: in bounds, inside the file, owned once.
-        let mut used = self.used_extents();
         for &(s, l, ino) in &used {
             if s < first || s.checked_add(l).is_none_or(|e| e > end) {
                 p.push(format!(
@@ -958,7 +1060,7 @@ impl Meta {
                 ));
             }
         }
-        for (ino, i) in &self.inodes {
+        for (ino, i) in inodes {
             if i.kind != InodeKind::File && !i.extents.is_empty() {
                 p.push(format!("inode {ino}: a {:?} with data extents", i.kind));
             }
@@ -1038,7 +1140,7 @@ impl Meta {
         }
         // Link counts and the directory tree.
         let mut refs: HashMap<u64, u32> = HashMap::new();
-        for (ino, i) in &self.inodes {
+        for (ino, i) in inodes {
             if !i.entries.is_empty() && !i.is_dir() {
                 p.push(format!(
                     "inode {ino} has directory entries but is not a directory"
@@ -1046,7 +1148,7 @@ impl Meta {
             }
             for (name, c) in i.entries.iter() {
                 let n = String::from_utf8_lossy(name);
-                match self.inodes.get(&c) {
+                match inodes.get(&c) {
                     None => p.push(format!(
                         "directory {ino}: entry {n:?} points at inode {c}, which does not exist"
                     )),
@@ -1061,7 +1163,7 @@ impl Meta {
                 p.push(format!("symlink {ino} has no target"));
             }
         }
-        for (ino, i) in &self.inodes {
+        for (ino, i) in inodes {
             let want = if *ino == ROOT_INO {
                 1
             } else {
@@ -1083,7 +1185,7 @@ impl Meta {
             }
         }
         for o in &self.orphans {
-            match self.inodes.get(o) {
+            match inodes.get(o) {
                 None => p.push(format!("orphan {o} does not exist")),
                 Some(i) if i.links != 0 => p.push(format!("orphan {o} still has names")),
                 // Mount deletes orphans, and a directory only once it is empty.
@@ -1101,15 +1203,15 @@ impl Meta {
                 p.push(format!("directory {d} is reached twice (a cycle)"));
                 continue;
             }
-            if let Some(i) = self.inodes.get(&d) {
+            if let Some(i) = inodes.get(&d) {
                 stack.extend(
                     i.entries
                         .inodes()
-                        .filter(|c| self.inodes.get(c).is_some_and(|ci| ci.is_dir())),
+                        .filter(|c| inodes.get(c).is_some_and(|ci| ci.is_dir())),
                 );
             }
         }
-        for (ino, i) in &self.inodes {
+        for (ino, i) in inodes {
             if i.is_dir() && !seen.contains(ino) && i.links > 0 {
                 p.push(format!("directory {ino} is not reachable from the root"));
             }
@@ -1223,8 +1325,8 @@ mod tests {
         assert_eq!(m.get(2).unwrap().extents.len(), 1, "adjacent runs merge");
         let img = m.encode_image();
         assert_eq!(img.len() as u64, m.image_bytes(), "size estimate is exact");
-        let back = Meta::decode_image(&img, 100, 10_000, 5).unwrap();
-        assert_eq!(back.inodes, m.inodes);
+        let mut back = Meta::decode_image(&img, 100, 10_000, 5).unwrap();
+        assert_eq!(*back.resident_inodes(), *m.resident_inodes());
         assert!(back.check().is_empty(), "{:?}", back.check());
         // A truncate frees blocks only when its transaction commits.
         live(&mut m, Record::Truncate { ino: 2, size: 5000 });

@@ -175,6 +175,8 @@ struct XattrAt {
 /// checkpoint, and so holds `st`. The keys and their sorting are built after
 /// (`Captured::ops`), while creates go on.
 pub struct Captured {
+    /// The inode cache's generation (`Changes::gen`).
+    pub gen: u64,
     next_ino: u64,
     deleted: Vec<u64>,
     inodes: Vec<Now<u64, [u8; CORE_BYTES]>>,
@@ -202,8 +204,10 @@ pub fn capture(meta: &Meta, mut ch: Changes) -> Captured {
     }
     settle(&mut ch.extents);
     settle(&mut ch.xattrs);
-    let live = |ino: u64| meta.inodes.get(&ino);
+    // Every changed inode is in memory (`fs::inodes`): none is read back here.
+    let live = |ino: u64| meta.resident(ino);
     Captured {
+        gen: ch.gen,
         next_ino: meta.next_ino,
         deleted: ch.deleted,
         inodes: ch
@@ -211,7 +215,7 @@ pub fn capture(meta: &Meta, mut ch: Changes) -> Captured {
             .into_iter()
             .map(|ino| Now {
                 key: ino,
-                value: live(ino).map(|i| encode_core(i)),
+                value: live(ino).map(encode_core),
             })
             .collect(),
         extents: ch
@@ -376,9 +380,9 @@ fn op_key(op: &TreeOp) -> &[u8] {
 
 /// Every key of `meta`, as changes from an empty tree (mkfs, or an older image's first
 /// tree).
-pub fn all_changes(meta: &Meta) -> Changes {
+pub fn all_changes(meta: &mut Meta) -> Changes {
     let mut c = Changes::default();
-    for (&ino, i) in &meta.inodes {
+    for (&ino, i) in meta.resident_inodes().iter() {
         c.inodes.push(ino);
         c.extents.extend(i.extents.iter().map(|(&f, _)| (ino, f)));
         c.dirents
@@ -483,9 +487,197 @@ fn le32(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
 
+/// Keys decoded into the parts of metadata, in key order: a whole tree's, or one
+/// inode's. Checks what decoding needs (key shapes, hashes, names, chunk order);
+/// `Meta::check` finds the rest.
+#[derive(Default)]
+struct Parts {
+    next_ino: Option<u64>,
+    inodes: HashMap<u64, Box<Inode>>,
+    entries: Vec<(u64, Vec<u8>, u64)>,
+    extents: Vec<(u64, u64, u64, u64)>,
+    targets: HashMap<u64, Vec<u8>>,
+    xattrs: Vec<(u64, Vec<u8>, Vec<u8>)>,
+    orphans: BTreeSet<u64>,
+    /// The chunk expected next for the value being assembled (target or xattr).
+    chunk_at: Option<(Vec<u8>, u8)>,
+}
+
+impl Parts {
+    /// The keys in (`from`, `to`) of `tree`.
+    fn scan(
+        tree: &Tree,
+        store: &dyn NodeStore,
+        seed: u64,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+    ) -> Result<Parts, LoadError> {
+        let mut p = Parts::default();
+        let mut err: Option<LoadError> = None;
+        tree.for_each(store, from, to, &mut |k, v| match p.key(seed, k, v) {
+            Ok(()) => true,
+            Err(e) => {
+                err = Some(e);
+                false
+            }
+        })?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(p),
+        }
+    }
+
+    fn key(&mut self, seed: u64, k: &[u8], v: &[u8]) -> Result<(), LoadError> {
+        match k.first() {
+            Some(&FS_RECORD) if k.len() == 1 => {
+                self.next_ino =
+                    Some(le64(v, 0).ok_or_else(|| corrupt("a short filesystem record".into()))?);
+            }
+            Some(&ORPHAN_SPACE) if k.len() == 9 => {
+                self.orphans.insert(be64(&k[1..]).expect("9 bytes"));
+            }
+            Some(&INODE_SPACE) if k.len() >= 10 => {
+                let ino = be64(&k[1..]).expect("10 bytes");
+                let rest = &k[10..];
+                match k[9] {
+                    CORE if rest.is_empty() => {
+                        self.inodes.insert(ino, Box::new(decode_core(ino, v)?));
+                    }
+                    EXTENT if rest.len() == 8 => {
+                        let fb = be64(rest).expect("8 bytes");
+                        let (Some(s), Some(l)) = (le64(v, 0), le64(v, 8)) else {
+                            return Err(corrupt(format!("inode {ino}: a short extent")));
+                        };
+                        if v.len() != 16
+                            || l == 0
+                            || fb.checked_add(l).is_none()
+                            || s.checked_add(l).is_none()
+                        {
+                            return Err(corrupt(format!(
+                                "inode {ino} has a bad extent at file block {fb}"
+                            )));
+                        }
+                        self.extents.push((ino, fb, s, l));
+                    }
+                    DIRENT if rest.len() > 8 => {
+                        let name = &rest[8..];
+                        if !valid_name(name) || be64(rest) != Some(name_hash(seed, name)) {
+                            return Err(corrupt(format!("directory {ino} has an invalid entry")));
+                        }
+                        let c = le64(v, 0)
+                            .filter(|_| v.len() == 8)
+                            .ok_or_else(|| corrupt(format!("directory {ino}: a bad entry")))?;
+                        self.entries.push((ino, name.to_vec(), c));
+                    }
+                    TARGET if rest.len() == 1 => {
+                        let t = self.targets.entry(ino).or_default();
+                        let want = if t.is_empty() {
+                            0
+                        } else {
+                            t.len().div_ceil(CHUNK) as u8
+                        };
+                        if rest[0] != want || t.len() + v.len() > TARGET_MAX {
+                            return Err(corrupt(format!("symlink {ino}: a bad target chunk")));
+                        }
+                        t.extend_from_slice(v);
+                    }
+                    XATTR if rest.len() >= 2 && rest[rest.len() - 2] == 0 => {
+                        let name = &rest[..rest.len() - 2];
+                        let n = rest[rest.len() - 1];
+                        let same = self
+                            .chunk_at
+                            .as_ref()
+                            .is_some_and(|(p, _)| p.as_slice() == &k[..k.len() - 1]);
+                        if n == 0 {
+                            self.xattrs.push((ino, name.to_vec(), v.to_vec()));
+                            self.chunk_at = Some((k[..k.len() - 1].to_vec(), 1));
+                        } else if same && self.chunk_at.as_ref().is_some_and(|(_, w)| *w == n) {
+                            let x = self.xattrs.last_mut().expect("chunk 0 came first");
+                            if x.2.len() + v.len() > XATTR_SIZE_MAX {
+                                return Err(corrupt(format!(
+                                    "inode {ino} has an oversized extended attribute"
+                                )));
+                            }
+                            x.2.extend_from_slice(v);
+                            self.chunk_at = Some((k[..k.len() - 1].to_vec(), n.wrapping_add(1)));
+                        } else {
+                            return Err(corrupt(format!(
+                                "inode {ino}: an extended attribute chunk out of order"
+                            )));
+                        }
+                    }
+                    _ => return Err(corrupt(format!("an unknown key {k:02x?}"))),
+                }
+            }
+            _ => return Err(corrupt(format!("an unknown key {k:02x?}"))),
+        }
+        Ok(())
+    }
+
+    /// Every inode with its extents, entries, target and attributes in place.
+    fn into_inodes(mut self, seed: u64) -> Result<HashMap<u64, Box<Inode>>, LoadError> {
+        let orphan_of = |ino: u64| format!("inode {ino}, which does not exist");
+        let inodes = &mut self.inodes;
+        for (ino, fb, s, l) in self.extents {
+            let i = inodes
+                .get_mut(&ino)
+                .ok_or_else(|| corrupt(format!("an extent of {}", orphan_of(ino))))?;
+            i.extents.insert(fb, (s, l));
+        }
+        for (dir, name, c) in self.entries {
+            let d = inodes
+                .get_mut(&dir)
+                .ok_or_else(|| corrupt(format!("an entry of {}", orphan_of(dir))))?;
+            if d.entries.insert(seed, &name, c).is_some() {
+                return Err(corrupt(format!(
+                    "directory {dir} holds the same name twice"
+                )));
+            }
+        }
+        for (ino, t) in self.targets {
+            let i = inodes
+                .get_mut(&ino)
+                .ok_or_else(|| corrupt(format!("a target of {}", orphan_of(ino))))?;
+            i.target = t;
+        }
+        for (ino, name, v) in self.xattrs {
+            let i = inodes
+                .get_mut(&ino)
+                .ok_or_else(|| corrupt(format!("an attribute of {}", orphan_of(ino))))?;
+            i.xattrs.insert(name, v);
+        }
+        Ok(self.inodes)
+    }
+}
+
+/// An inode's own fields from its core record.
+fn decode_core(ino: u64, v: &[u8]) -> Result<Inode, LoadError> {
+    let kind = v
+        .first()
+        .copied()
+        .ok_or_else(|| corrupt(format!("inode {ino}: an empty record")))?;
+    let kind = InodeKind::from_u8(kind)
+        .map_err(|_| corrupt(format!("inode {ino} has unknown kind {kind}")))?;
+    if v.len() != CORE_BYTES {
+        return Err(corrupt(format!(
+            "inode {ino}: a record of {} bytes",
+            v.len()
+        )));
+    }
+    let f = |at| le32(v, at).expect("a whole record");
+    let g = |at| le64(v, at).expect("a whole record");
+    let mut i = Inode::new_loaded(kind, f(1), f(5), f(9));
+    i.links = f(13);
+    i.size = g(17);
+    i.atime_ns = g(25);
+    i.mtime_ns = g(33);
+    i.ctime_ns = g(41);
+    i.rdev = f(49);
+    Ok(i)
+}
+
 /// The metadata a tree holds. `used` are blocks the tree's own nodes take, so the free
-/// space is the data area less them and every extent. Checks what decoding needs (key
-/// shapes, hashes, names, chunk order); `Meta::check` finds the rest.
+/// space is the data area less them and every extent.
 pub fn load(
     tree: &Tree,
     store: &dyn NodeStore,
@@ -494,181 +686,67 @@ pub fn load(
     data_start: u64,
     nr_blocks: u64,
 ) -> Result<Meta, LoadError> {
-    let mut next_ino = None;
-    let mut inodes: HashMap<u64, Box<Inode>> = HashMap::new();
-    let mut entries: Vec<(u64, Vec<u8>, u64)> = Vec::new();
-    let mut extents: Vec<(u64, u64, u64, u64)> = Vec::new();
-    let mut targets: HashMap<u64, Vec<u8>> = HashMap::new();
-    let mut xattrs: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
-    let mut orphans = BTreeSet::new();
-    let mut err: Option<LoadError> = None;
-    // The chunk expected next for the value being assembled (target or xattr).
-    let mut chunk_at: Option<(Vec<u8>, u8)> = None;
-    tree.for_each(store, Bound::Unbounded, Bound::Unbounded, &mut |k, v| {
-        let r = (|| -> Result<(), LoadError> {
-            match k.first() {
-                Some(&FS_RECORD) if k.len() == 1 => {
-                    next_ino = Some(
-                        le64(v, 0).ok_or_else(|| corrupt("a short filesystem record".into()))?,
-                    );
-                }
-                Some(&ORPHAN_SPACE) if k.len() == 9 => {
-                    orphans.insert(be64(&k[1..]).expect("9 bytes"));
-                }
-                Some(&INODE_SPACE) if k.len() >= 10 => {
-                    let ino = be64(&k[1..]).expect("10 bytes");
-                    let rest = &k[10..];
-                    match k[9] {
-                        CORE if rest.is_empty() => {
-                            let kind = v
-                                .first()
-                                .copied()
-                                .ok_or_else(|| corrupt(format!("inode {ino}: an empty record")))?;
-                            let kind = InodeKind::from_u8(kind).map_err(|_| {
-                                corrupt(format!("inode {ino} has unknown kind {kind}"))
-                            })?;
-                            let f = |at| {
-                                le32(v, at)
-                                    .ok_or_else(|| corrupt(format!("inode {ino}: a short record")))
-                            };
-                            let g = |at| {
-                                le64(v, at)
-                                    .ok_or_else(|| corrupt(format!("inode {ino}: a short record")))
-                            };
-                            let mut i = Inode::new_loaded(kind, f(1)?, f(5)?, f(9)?);
-                            i.links = f(13)?;
-                            i.size = g(17)?;
-                            i.atime_ns = g(25)?;
-                            i.mtime_ns = g(33)?;
-                            i.ctime_ns = g(41)?;
-                            i.rdev = f(49)?;
-                            if v.len() != CORE_BYTES {
-                                return Err(corrupt(format!(
-                                    "inode {ino}: a record of {} bytes",
-                                    v.len()
-                                )));
-                            }
-                            inodes.insert(ino, Box::new(i));
-                        }
-                        EXTENT if rest.len() == 8 => {
-                            let fb = be64(rest).expect("8 bytes");
-                            let (Some(s), Some(l)) = (le64(v, 0), le64(v, 8)) else {
-                                return Err(corrupt(format!("inode {ino}: a short extent")));
-                            };
-                            if v.len() != 16
-                                || l == 0
-                                || fb.checked_add(l).is_none()
-                                || s.checked_add(l).is_none()
-                            {
-                                return Err(corrupt(format!(
-                                    "inode {ino} has a bad extent at file block {fb}"
-                                )));
-                            }
-                            extents.push((ino, fb, s, l));
-                        }
-                        DIRENT if rest.len() > 8 => {
-                            let name = &rest[8..];
-                            if !valid_name(name) || be64(rest) != Some(name_hash(seed, name)) {
-                                return Err(corrupt(format!(
-                                    "directory {ino} has an invalid entry"
-                                )));
-                            }
-                            let c = le64(v, 0)
-                                .filter(|_| v.len() == 8)
-                                .ok_or_else(|| corrupt(format!("directory {ino}: a bad entry")))?;
-                            entries.push((ino, name.to_vec(), c));
-                        }
-                        TARGET if rest.len() == 1 => {
-                            let t = targets.entry(ino).or_default();
-                            let want = if t.is_empty() {
-                                0
-                            } else {
-                                t.len().div_ceil(CHUNK) as u8
-                            };
-                            if rest[0] != want || t.len() + v.len() > TARGET_MAX {
-                                return Err(corrupt(format!("symlink {ino}: a bad target chunk")));
-                            }
-                            t.extend_from_slice(v);
-                        }
-                        XATTR if rest.len() >= 2 && rest[rest.len() - 2] == 0 => {
-                            let name = &rest[..rest.len() - 2];
-                            let n = rest[rest.len() - 1];
-                            let same = chunk_at
-                                .as_ref()
-                                .is_some_and(|(p, _)| p.as_slice() == &k[..k.len() - 1]);
-                            if n == 0 {
-                                xattrs.push((ino, name.to_vec(), v.to_vec()));
-                                chunk_at = Some((k[..k.len() - 1].to_vec(), 1));
-                            } else if same && chunk_at.as_ref().is_some_and(|(_, want)| *want == n)
-                            {
-                                let x = xattrs.last_mut().expect("chunk 0 came first");
-                                if x.2.len() + v.len() > XATTR_SIZE_MAX {
-                                    return Err(corrupt(format!(
-                                        "inode {ino} has an oversized extended attribute"
-                                    )));
-                                }
-                                x.2.extend_from_slice(v);
-                                chunk_at = Some((k[..k.len() - 1].to_vec(), n.wrapping_add(1)));
-                            } else {
-                                return Err(corrupt(format!(
-                                    "inode {ino}: an extended attribute chunk out of order"
-                                )));
-                            }
-                        }
-                        _ => return Err(corrupt(format!("an unknown key {k:02x?}"))),
-                    }
-                }
-                _ => return Err(corrupt(format!("an unknown key {k:02x?}"))),
-            }
-            Ok(())
-        })();
-        match r {
-            Ok(()) => true,
-            Err(e) => {
-                err = Some(e);
-                false
-            }
-        }
-    })?;
-    if let Some(e) = err {
-        return Err(e);
-    }
-    let next_ino = next_ino.ok_or_else(|| corrupt("no filesystem record".into()))?;
-    let orphan_of = |ino: u64| format!("inode {ino}, which does not exist");
-    for (ino, fb, s, l) in extents {
-        let i = inodes
-            .get_mut(&ino)
-            .ok_or_else(|| corrupt(format!("an extent of {}", orphan_of(ino))))?;
-        i.extents.insert(fb, (s, l));
-    }
-    for (dir, name, c) in entries {
-        let d = inodes
-            .get_mut(&dir)
-            .ok_or_else(|| corrupt(format!("an entry of {}", orphan_of(dir))))?;
-        if d.entries.insert(seed, &name, c).is_some() {
-            return Err(corrupt(format!(
-                "directory {dir} holds the same name twice"
-            )));
-        }
-    }
-    for (ino, t) in targets {
-        let i = inodes
-            .get_mut(&ino)
-            .ok_or_else(|| corrupt(format!("a target of {}", orphan_of(ino))))?;
-        i.target = t;
-    }
-    for (ino, name, v) in xattrs {
-        let i = inodes
-            .get_mut(&ino)
-            .ok_or_else(|| corrupt(format!("an attribute of {}", orphan_of(ino))))?;
-        i.xattrs.insert(name, v);
-    }
+    let mut parts = Parts::scan(tree, store, seed, Bound::Unbounded, Bound::Unbounded)?;
+    let next_ino = parts
+        .next_ino
+        .ok_or_else(|| corrupt("no filesystem record".into()))?;
+    let orphans = std::mem::take(&mut parts.orphans);
+    let inodes = parts.into_inodes(seed)?;
     if !inodes.contains_key(&ROOT_INO) {
         return Err(corrupt("the root directory is missing".into()));
     }
     Ok(Meta::assemble(
         inodes, next_ino, orphans, used, data_start, nr_blocks, seed,
     )?)
+}
+
+/// One inode as the tree holds it (none: not there). A directory's parent and
+/// subdirectory count are not set: they come from the entries naming it.
+pub fn load_inode(
+    tree: &Tree,
+    store: &dyn NodeStore,
+    seed: u64,
+    ino: u64,
+) -> Result<Option<Inode>, LoadError> {
+    let from = inode_prefix(ino, CORE)[..9].to_vec();
+    let parts = match ino.checked_add(1) {
+        Some(next) => {
+            let to = inode_prefix(next, CORE)[..9].to_vec();
+            Parts::scan(
+                tree,
+                store,
+                seed,
+                Bound::Included(&from),
+                Bound::Excluded(&to),
+            )?
+        }
+        None => Parts::scan(tree, store, seed, Bound::Included(&from), Bound::Unbounded)?,
+    };
+    let mut inodes = parts.into_inodes(seed)?;
+    Ok(inodes.remove(&ino).map(|b| *b))
+}
+
+/// Every inode the tree holds but directories, as `load_inode` reads each.
+pub fn load_files(
+    tree: &Tree,
+    store: &dyn NodeStore,
+    seed: u64,
+) -> Result<Vec<(u64, Inode)>, LoadError> {
+    let from = [INODE_SPACE];
+    let to = [ORPHAN_SPACE];
+    let parts = Parts::scan(
+        tree,
+        store,
+        seed,
+        Bound::Included(&from[..]),
+        Bound::Excluded(&to[..]),
+    )?;
+    Ok(parts
+        .into_inodes(seed)?
+        .into_iter()
+        .filter(|(_, i)| !i.is_dir())
+        .map(|(ino, i)| (ino, *i))
+        .collect())
 }
 
 const ROOT_MAGIC: u32 = 0x5452_4257; // "WBRT"

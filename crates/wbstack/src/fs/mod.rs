@@ -31,6 +31,7 @@ pub mod fsck;
 #[doc(hidden)]
 pub mod fuzz;
 mod icache;
+pub mod inodes;
 mod jdata;
 pub mod journal;
 mod lazylru;

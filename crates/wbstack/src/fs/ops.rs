@@ -349,8 +349,7 @@ impl Volume {
             };
             let i = st
                 .meta
-                .inodes
-                .get_mut(&ino)
+                .find_mut(ino)?
                 .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
             if let Some(m) = mode {
                 i.mode = m;
@@ -385,8 +384,7 @@ impl Volume {
         let wall = now + st.wall_offset_ns;
         let i = st
             .meta
-            .inodes
-            .get_mut(&ino)
+            .find_mut(ino)?
             .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
         i.mode = mode;
         i.ctime_ns = wall;

@@ -316,6 +316,10 @@ pub struct JournalStats {
 }
 
 /// What the inode cache holds (`Volume::inode_cache_stats`).
+/// Inodes a prune of the metadata cache looks at, at most: a prune runs under `st`, at
+/// opens, closes and commits, and a few thousand keep up with any rate of creates.
+const META_PRUNE_BATCH: usize = 16384;
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InodeCacheStats {
     /// File mappings cached, in use or not.
@@ -329,6 +333,13 @@ pub struct InodeCacheStats {
     /// Inodes prunes looked at (evicted or passed over) since mount: the cost of
     /// keeping the limit.
     pub examined: u64,
+    /// Inodes in memory (format 4: in use, changed since the durable checkpoint, or
+    /// clean ones up to the limit; before: all of them).
+    pub inodes_resident: u64,
+    /// Inodes read back from the metadata tree since mount.
+    pub inodes_read_back: u64,
+    /// Clean inodes dropped from memory since mount.
+    pub inodes_dropped: u64,
 }
 
 /// Per-inode state that is not on disk: reservations, writes in flight, opens, and
@@ -411,7 +422,8 @@ impl Ordered {
         // A truncation between its cut of the page cache and its decision of what to
         // journal may just have dropped these pages: the transaction waits for that
         // decision, which lands in it (see `truncate`).
-        !st.meta.inodes.contains_key(&self.ino)
+        // An inode with pages is in memory (`fs::inodes`): not there, it is deleted.
+        st.meta.resident(self.ino).is_none()
             || (!st.truncating.contains_key(&self.ino)
                 && !self
                     .pages
@@ -429,6 +441,35 @@ pub(super) struct Inflight {
     /// File blocks from here on were truncated away (or the inode deleted) while the
     /// write was in flight: free them when it ends instead of mapping them.
     pub dead_from: Option<u64>,
+}
+
+/// The parts of `State` that say what an inode still owes (`State::at_rest`), borrowed
+/// apart from the metadata so a prune of it can ask.
+struct Owed<'a> {
+    live: &'a HashMap<u64, Live>,
+    txn_inodes: &'a BTreeSet<u64>,
+    truncating: &'a HashMap<u64, u32>,
+    ordered: &'a [Ordered],
+}
+
+impl Owed<'_> {
+    fn of(st: &State) -> Owed<'_> {
+        Owed {
+            live: &st.live,
+            txn_inodes: &st.txn_inodes,
+            truncating: &st.truncating,
+            ordered: &st.ordered,
+        }
+    }
+
+    fn at_rest(&self, ino: u64, committed: u64, barrier_done: u64) -> bool {
+        self.live
+            .get(&ino)
+            .is_none_or(|l| l.at_rest(committed, barrier_done))
+            && !self.txn_inodes.contains(&ino)
+            && !self.truncating.contains_key(&ino)
+            && !self.ordered.iter().any(|o| o.ino == ino)
+    }
 }
 
 pub(super) struct State {
@@ -541,6 +582,12 @@ impl State {
         self.txn_bytes >= self.txn_limit_bytes
     }
 
+    /// Whether inode `ino` owes nothing: no open, no pages pending, no change a commit
+    /// or a flush must still make durable (its `Live` state may go).
+    pub(super) fn at_rest(&self, ino: u64, committed: u64, barrier_done: u64) -> bool {
+        Owed::of(self).at_rest(ino, committed, barrier_done)
+    }
+
     /// A directory `moved` may not go into its own subtree: walk up from `into`.
     pub(super) fn check_not_into_itself(&self, moved: u64, into: u64) -> FsResult<()> {
         let mut d = into;
@@ -594,7 +641,8 @@ impl State {
     /// Set mtime and ctime to now (a directory's after an entry changed, a file's
     /// after a write); journaled when the transaction commits.
     pub(super) fn stamp(&mut self, ino: u64, now_ns: u64, mtime: bool) {
-        if let Some(i) = self.meta.inodes.get_mut(&ino) {
+        // Stamped right after the operation that used it: in memory.
+        if let Some(i) = self.meta.resident_mut(ino) {
             let t = now_ns + self.wall_offset_ns;
             if mtime {
                 i.mtime_ns = t;
@@ -611,7 +659,8 @@ impl State {
         for ino in std::mem::take(&mut self.txn_inodes) {
             // Changed in place, not through `Meta::apply`: the tree learns of it here.
             self.meta.note_inode(ino);
-            if let Some(i) = self.meta.inodes.get(&ino) {
+            // Changed in this transaction, so in memory (or deleted since).
+            if let Some(i) = self.meta.resident(ino) {
                 self.txn.push(Record::SetAttr {
                     ino,
                     mode: i.mode,
@@ -630,16 +679,14 @@ impl State {
 
     pub(super) fn inode(&self, ino: u64) -> FsResult<&Inode> {
         self.meta
-            .inodes
-            .get(&ino)
-            .map(|i| &**i)
+            .find(ino)?
             .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))
     }
 
     /// The kind of inode `ino`, which a directory entry names (so it exists: fsck's
     /// invariant).
     pub(super) fn kind_of(&self, ino: u64) -> InodeKind {
-        let i = self.meta.inodes.get(&ino);
+        let i = self.meta.find(ino).ok().flatten();
         debug_assert!(
             i.is_some(),
             "a directory entry names inode {ino}, which is gone"
@@ -857,7 +904,9 @@ impl AddressSpaceOps for Aops {
         let vol = self.vol()?;
         let mut st = vol.st.lock();
         let st = &mut *st;
-        let Some(i) = st.meta.inodes.get(&ino) else {
+        // An inode with pages is in memory: not there, it is deleted.
+        let (i, alloc) = st.meta.resident_with_alloc(ino);
+        let Some(i) = i else {
             // Deleted while its pages were claimed for writeback: nothing to write.
             return Ok(Vec::new());
         };
@@ -887,10 +936,7 @@ impl AddressSpaceOps for Aops {
             }
             let reserved = live.delalloc.range(p..p + k).count() as u64;
             if reserved < k {
-                st.meta
-                    .alloc
-                    .reserve(k - reserved)
-                    .map_err(|_| BlkError::NoSpace)?;
+                alloc.reserve(k - reserved).map_err(|_| BlkError::NoSpace)?;
             }
             for q in p..p + k {
                 live.delalloc.remove(&q);
@@ -901,9 +947,7 @@ impl AddressSpaceOps for Aops {
                 .checked_sub(1)
                 .and_then(|prev| mapped(prev, live))
                 .map(|(b, _)| b);
-            let pieces = st
-                .meta
-                .alloc
+            let pieces = alloc
                 .alloc_reserved(k, goal.map(|b| b + 1))
                 .map_err(|e| BlkError::Invalid(e.to_string()))?;
             let mut fb = p;
@@ -941,7 +985,7 @@ impl AddressSpaceOps for Aops {
     fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError> {
         let vol = self.vol()?;
         let st = vol.st.lock();
-        let Some(i) = st.meta.inodes.get(&ino) else {
+        let Some(i) = st.meta.find(ino).map_err(|_| BlkError::Io)? else {
             return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
         };
         let live = st.live.get(&ino);
@@ -1014,7 +1058,7 @@ impl AddressSpaceOps for Aops {
                 }
             }
             let limit = i_size.div_ceil(PAGE);
-            let alive = match (status, st.meta.inodes.contains_key(&inf.ino)) {
+            let alive = match (status, st.meta.resident(inf.ino).is_some()) {
                 (Ok(()), true) => inf
                     .dead_from
                     .unwrap_or(u64::MAX)
@@ -1060,7 +1104,7 @@ impl AddressSpaceOps for Aops {
             l.data_gen = Some(gen);
             return;
         }
-        if let Some(i) = st.meta.inodes.get_mut(&ino) {
+        if let Some(i) = st.meta.resident_mut(ino) {
             if written_end > i.size {
                 i.size = written_end;
                 st.txn_inodes.insert(ino);
@@ -1081,7 +1125,7 @@ impl Aops {
         if st.aborted.is_some() {
             return Err(BlkError::Io);
         }
-        let Some(i) = st.meta.inodes.get(&ino) else {
+        let Some(i) = st.meta.find(ino).map_err(|_| BlkError::Io)? else {
             return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
         };
         let mut need = Vec::new();
@@ -1181,6 +1225,44 @@ impl Vol {
     /// Evict unused inodes at rest past the inode cache's limit (`fs::icache`), at most a
     /// batch per call: each open adds at most one, so batches keep up.
     pub(super) fn prune_icache(&self, st: &mut State) {
+        self.prune_mappings(st);
+        self.prune_meta(st);
+    }
+
+    /// Drop clean inodes from memory past the inode cache's limit (`fs::inodes`): those
+    /// without a mapping or per-inode state, unchanged since the durable checkpoint.
+    pub(super) fn prune_meta(&self, st: &mut State) {
+        let ic = self.icache.lock();
+        let (committed, barrier_done) = {
+            let j = self.jn.lock();
+            (j.committed, j.barrier_done)
+        };
+        let State {
+            meta,
+            live,
+            txn_inodes,
+            truncating,
+            ordered,
+            ..
+        } = &mut *st;
+        let owed = Owed {
+            live,
+            txn_inodes,
+            truncating,
+            ordered,
+        };
+        let dropped = meta.evict(ic.limit(), META_PRUNE_BATCH, &|ino| {
+            ic.get(&ino).is_some() || !owed.at_rest(ino, committed, barrier_done)
+        });
+        drop(ic);
+        // What a fresh `Live::default()` means, as an icache eviction drops it.
+        for ino in dropped {
+            st.live.remove(&ino);
+            self.bdi.forget_inode(ino);
+        }
+    }
+
+    fn prune_mappings(&self, st: &mut State) {
         use super::icache::Verdict;
         let mut ic = self.icache.lock();
         if ic.len() <= ic.limit() {
@@ -1195,19 +1277,14 @@ impl Vol {
             barrier_done,
         };
         let evicted = ic.prune(epoch, &mut |ino, m| {
-            let live = st.live.get(&ino);
-            if live.is_some_and(|l| l.open > 0) {
+            if st.live.get(&ino).is_some_and(|l| l.open > 0) {
                 return Verdict::Off; // queued again at its last close
             }
-            let rest = live.is_none_or(|l| l.at_rest(committed, barrier_done))
-                && !st.txn_inodes.contains(&ino)
-                && !st.truncating.contains_key(&ino)
-                && !st.ordered.iter().any(|o| o.ino == ino);
-            if !rest {
+            if !st.at_rest(ino, committed, barrier_done) {
                 return Verdict::Later;
             }
             // At rest, the durable size is the size: the rebuilt mapping starts there.
-            let durable = st.meta.inodes.get(&ino).map(|i| i.size);
+            let durable = st.meta.resident(ino).map(|i| i.size);
             if durable != Some(m.size()) {
                 debug_assert!(
                     false,
@@ -1614,7 +1691,7 @@ impl Vol {
         // auto_da_alloc: closing a file truncated to zero starts its writeback now.
         let kick =
             std::mem::take(&mut l.da_alloc_close) && self.flush_on_close.load(Ordering::Relaxed);
-        if last && st.meta.inodes.get(&ino).is_some_and(|i| i.links == 0) && st.aborted.is_none() {
+        if last && st.meta.resident(ino).is_some_and(|i| i.links == 0) && st.aborted.is_none() {
             return self.delete_inode(&mut st, ino);
         }
         if last {
@@ -2003,7 +2080,7 @@ impl Volume {
             blocks: total,
             free,
             available: avail,
-            files: st.meta.inodes.len() as u64,
+            files: st.meta.nr_inodes(),
         }
     }
 
@@ -2011,12 +2088,16 @@ impl Volume {
     pub fn inode_cache_stats(&self) -> InodeCacheStats {
         let st = self.vol.st.lock();
         let ic = self.vol.icache.lock();
+        let m = st.meta.cache_stats();
         InodeCacheStats {
             cached: ic.len() as u64,
             live: st.live.len() as u64,
             limit: ic.limit() as u64,
             evicted: ic.evicted(),
             examined: ic.examined(),
+            inodes_resident: m.resident,
+            inodes_read_back: m.faults,
+            inodes_dropped: m.evictions,
         }
     }
 
@@ -2030,6 +2111,13 @@ impl Volume {
     /// syncfs: write back every dirty page, then commit the journal; returns once all
     /// of it is durable, with any writeback error of the volume since the last
     /// `Volume::sync` (reported once; each `File::syncfs` has its own cursor).
+    /// Sync, then checkpoint: the metadata (format 4: its tree) holds everything, and
+    /// the journal starts over.
+    pub fn checkpoint(&self) -> FsResult<()> {
+        self.sync()?;
+        self.vol.checkpoint_now()
+    }
+
     pub fn sync(&self) -> FsResult<()> {
         let r = self.vol.sync_all();
         let e = self
@@ -2089,7 +2177,11 @@ impl Volume {
     /// Check the in-memory metadata against every invariant fsck checks (for tests and
     /// `wbstack fsck` of a live volume); empty when consistent.
     pub fn check(&self) -> Vec<String> {
-        let st = self.vol.st.lock();
+        let mut st = self.vol.st.lock();
+        // A walk of every inode: those not in memory are read back first.
+        if let Err(e) = st.meta.load_all() {
+            return vec![format!("reading the inodes back: {e}")];
+        }
         st.meta.check()
     }
 }

@@ -1,0 +1,289 @@
+//! The inodes `Meta` holds: every inode (formats up to 3, and fsck), or a cache over the
+//! metadata tree (format 4 on a mounted volume), where an inode not in memory is read
+//! back from the tree's durable root on its first use and an unused clean one can be
+//! dropped (the kernel's iget and inode reclaim; `fs::icache` decides when).
+//!
+//! Reads come through `&Meta` (a lookup, a stat, the checks of `Meta::apply`), so an
+//! inode is faulted in without `&mut`: the map is append-only between `&mut` uses
+//! (`elsa::FrozenMap`: an inode is boxed, and a box never moves or drops while a shared
+//! borrow lives). Eviction and removal take `&mut`.
+//!
+//! What may be dropped: an inode whose every change is in a durable checkpoint. A change
+//! is stamped with the checkpoint generation it goes out with (`changed`); a checkpoint
+//! closes a generation when it captures its changes (`close_gen`) and makes it durable
+//! when its root record is (`durable`). A deleted inode keeps its stamp too, so it is not
+//! read back from a tree that still holds it. Directories are never dropped: a
+//! directory's parent and subdirectory count are derived at load from the entries that
+//! name it, which a single inode's read cannot see.
+
+use super::meta::{Inode, MetaError};
+use elsa::FrozenMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Where inodes not in memory are read from: the metadata tree's durable root.
+pub trait InodeSource: Send + Sync {
+    /// Inode `ino` as the last durable checkpoint holds it (none: not there).
+    fn read_inode(&self, ino: u64) -> Result<Option<Inode>, MetaError>;
+
+    /// Every inode the last durable checkpoint holds but directories (which are in
+    /// memory anyway).
+    fn read_all(&self) -> Result<Vec<(u64, Inode)>, MetaError>;
+}
+
+/// What the cache did (the control directory's `inode_cache_*` counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetaCacheStats {
+    /// Inodes read back from the tree.
+    pub faults: u64,
+    /// Clean inodes dropped from memory.
+    pub evictions: u64,
+    /// Inodes in memory now.
+    pub resident: u64,
+    /// Of them, changed since the last durable checkpoint (never dropped).
+    pub changed: u64,
+}
+
+/// Inodes that come in after an eviction stopped short before another is tried.
+const REST_SLACK: usize = 1024;
+
+pub struct Inodes {
+    map: FrozenMap<u64, Box<Inode>>,
+    /// None: every inode is in memory, and nothing is dropped.
+    source: Option<Arc<dyn InodeSource>>,
+    /// Inodes that came into memory (created or read back), oldest first: the order
+    /// clean ones are dropped in. May name inodes gone since; eviction skips them.
+    order: RefCell<VecDeque<u64>>,
+    /// Inodes changed (or deleted) since the last durable checkpoint: the generation
+    /// their last change goes out with.
+    changed: HashMap<u64, u64>,
+    /// The generation changes are stamped with now.
+    gen: u64,
+    /// Every generation up to this one is in a durable checkpoint.
+    durable_gen: u64,
+    faults: Cell<u64>,
+    evictions: u64,
+    /// Where the last eviction that stopped short left off: (durable generation,
+    /// inodes in memory). Until a checkpoint makes more clean or a batch more came in,
+    /// another pass would meet the same inodes it kept.
+    rest: (u64, usize),
+}
+
+impl Clone for Inodes {
+    fn clone(&self) -> Self {
+        Inodes {
+            map: self.map.clone(),
+            source: self.source.clone(),
+            order: self.order.clone(),
+            changed: self.changed.clone(),
+            gen: self.gen,
+            durable_gen: self.durable_gen,
+            faults: self.faults.clone(),
+            evictions: self.evictions,
+            rest: self.rest,
+        }
+    }
+}
+
+impl std::fmt::Debug for Inodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inodes")
+            .field("resident", &self.map.len())
+            .field("lazy", &self.source.is_some())
+            .field("changed", &self.changed.len())
+            .finish()
+    }
+}
+
+impl Inodes {
+    /// All of these inodes, in memory for good.
+    pub fn new(map: HashMap<u64, Box<Inode>>) -> Inodes {
+        Inodes {
+            map: map.into(),
+            source: None,
+            order: RefCell::new(VecDeque::new()),
+            changed: HashMap::new(),
+            gen: 1,
+            durable_gen: 0,
+            faults: Cell::new(0),
+            evictions: 0,
+            rest: (0, 0),
+        }
+    }
+
+    /// From now on inodes may be dropped and are read back from `source`, which holds
+    /// every inode but those changed since the last durable checkpoint.
+    pub fn set_source(&mut self, source: Arc<dyn InodeSource>) {
+        let order = self.order.get_mut();
+        order.clear();
+        order.extend(self.map.as_mut().keys().copied());
+        self.source = Some(source);
+    }
+
+    pub fn is_lazy(&self) -> bool {
+        self.source.is_some()
+    }
+
+    /// Inode `ino` if it is in memory (no IO).
+    pub fn resident(&self, ino: u64) -> Option<&Inode> {
+        self.map.get(&ino)
+    }
+
+    /// Inode `ino`, read back from the tree if it is not in memory; none if it does not
+    /// exist.
+    pub fn fetch(&self, ino: u64) -> Result<Option<&Inode>, MetaError> {
+        if let Some(i) = self.map.get(&ino) {
+            return Ok(Some(i));
+        }
+        let Some(src) = &self.source else {
+            return Ok(None);
+        };
+        // Changed since the durable checkpoint and not in memory: deleted (a changed
+        // inode is never dropped), though the durable tree may still hold it.
+        if self.changed.contains_key(&ino) {
+            return Ok(None);
+        }
+        let Some(i) = src.read_inode(ino)? else {
+            return Ok(None);
+        };
+        if i.is_dir() {
+            return Err(MetaError(format!(
+                "directory {ino} was not in memory (directories are never dropped)"
+            )));
+        }
+        self.faults.set(self.faults.get() + 1);
+        self.order.borrow_mut().push_back(ino);
+        Ok(Some(self.map.insert(ino, Box::new(i))))
+    }
+
+    /// Every inode in memory: those not there read back in one walk of the tree.
+    pub fn fetch_all(&mut self) -> Result<(), MetaError> {
+        let Some(src) = self.source.clone() else {
+            return Ok(());
+        };
+        for (ino, i) in src.read_all()? {
+            // Changed ones are in memory or deleted.
+            if self.changed.contains_key(&ino) || self.map.get(&ino).is_some() {
+                continue;
+            }
+            debug_assert!(!i.is_dir(), "directory {ino} was not in memory");
+            self.order.get_mut().push_back(ino);
+            self.map.as_mut().insert(ino, Box::new(i));
+        }
+        Ok(())
+    }
+
+    /// `fetch` for a change: the inode is stamped changed.
+    pub fn fetch_mut(&mut self, ino: u64) -> Result<Option<&mut Inode>, MetaError> {
+        if self.fetch(ino)?.is_none() {
+            return Ok(None);
+        }
+        self.note_changed(ino);
+        Ok(self.map.as_mut().get_mut(&ino).map(|b| &mut **b))
+    }
+
+    /// A new inode (created, or every inode at load).
+    pub fn insert(&mut self, ino: u64, i: Box<Inode>) {
+        let old = self.map.as_mut().insert(ino, i);
+        debug_assert!(old.is_none(), "inode {ino} inserted twice");
+        if self.source.is_some() {
+            self.order.get_mut().push_back(ino);
+        }
+        self.note_changed(ino);
+    }
+
+    /// A deleted inode: gone from memory, and stamped so the tree's old copy is not
+    /// read back before the deletion is durable.
+    pub fn remove(&mut self, ino: u64) -> Option<Box<Inode>> {
+        self.note_changed(ino);
+        self.map.as_mut().remove(&ino)
+    }
+
+    /// Stamp `ino` with the running generation (a tree-backed cache only: elsewhere
+    /// nothing is dropped, and nothing needs to know).
+    pub fn note_changed(&mut self, ino: u64) {
+        if self.source.is_some() {
+            self.changed.insert(ino, self.gen);
+        }
+    }
+
+    /// A checkpoint captured the changes stamped so far: they go out as generation
+    /// returned; later ones are stamped with the next.
+    pub fn close_gen(&mut self) -> u64 {
+        let g = self.gen;
+        self.gen += 1;
+        g
+    }
+
+    /// The checkpoint of generation `gen` is durable: what it holds may be dropped.
+    pub fn durable(&mut self, gen: u64) {
+        debug_assert!(gen < self.gen, "generation {gen} was never closed");
+        debug_assert!(gen >= self.durable_gen, "durable generations went back");
+        self.durable_gen = gen;
+        let d = self.durable_gen;
+        self.changed.retain(|_, g| *g > d);
+    }
+
+    /// Drop clean inodes, oldest first, until at most `keep` are in memory or `budget`
+    /// have been examined; `pinned` names inodes in use (open, with pages, mid-IO).
+    /// Returns the ones dropped.
+    pub fn evict(&mut self, keep: usize, budget: usize, pinned: &dyn Fn(u64) -> bool) -> Vec<u64> {
+        let mut dropped = Vec::new();
+        if self.source.is_none() || self.map.len() <= keep {
+            return dropped;
+        }
+        if self.rest.0 == self.durable_gen && self.map.len() < self.rest.1 + REST_SLACK {
+            return dropped;
+        }
+        let order = self.order.get_mut();
+        let map = self.map.as_mut();
+        if order.len() > 2 * map.len() + 1024 {
+            // Mostly inodes deleted since they came in (creates and deletes under the
+            // limit never reach the loop below).
+            order.retain(|ino| map.contains_key(ino));
+        }
+        let mut kept = Vec::new();
+        let mut examined = 0;
+        while map.len() > keep && examined < budget {
+            let Some(ino) = order.pop_front() else { break };
+            examined += 1;
+            let Some(i) = map.get(&ino) else {
+                continue; // deleted since it came in
+            };
+            if i.is_dir() || self.changed.contains_key(&ino) || pinned(ino) {
+                kept.push(ino);
+                continue;
+            }
+            map.remove(&ino);
+            dropped.push(ino);
+        }
+        // Kept ones go to the back: a pass meets each of them once.
+        order.extend(kept);
+        self.rest = if map.len() > keep {
+            (self.durable_gen, map.len())
+        } else {
+            (u64::MAX, 0)
+        };
+        self.evictions += dropped.len() as u64;
+        dropped
+    }
+
+    pub fn resident_len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Every inode in memory (all of them unless the cache is lazy).
+    pub fn all_resident(&mut self) -> &mut HashMap<u64, Box<Inode>> {
+        self.map.as_mut()
+    }
+
+    pub fn stats(&self) -> MetaCacheStats {
+        MetaCacheStats {
+            faults: self.faults.get(),
+            evictions: self.evictions,
+            resident: self.map.len() as u64,
+            changed: self.changed.len() as u64,
+        }
+    }
+}
