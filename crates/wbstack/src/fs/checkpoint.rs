@@ -21,8 +21,8 @@ use super::btree::store::DeviceStore;
 use super::btree::{Root, Tree, TreeError};
 use super::error::{FsError, FsResult};
 use super::format::Checkpoint;
-use super::inodes::InodeSource;
-use super::meta::{Inode, Meta, MetaError};
+use super::inodes::{InodeSource, Read};
+use super::meta::{Meta, MetaError};
 use super::metatree::{self, Captured};
 use crate::block::RequestQueue;
 use parking_lot::Mutex;
@@ -51,25 +51,41 @@ pub(super) struct MetaTree {
 pub(super) struct DurableTree {
     fs_id: u64,
     store: Arc<DeviceStore>,
-    root: Mutex<Option<Root>>,
+    /// The root, and the inode cache's durable generation it holds.
+    root: Mutex<(Option<Root>, u64)>,
 }
 
 impl DurableTree {
-    fn tree(&self) -> Result<Tree, MetaError> {
-        Tree::open(self.fs_id, NODE_SIZE, *self.root.lock()).map_err(|e| MetaError(e.to_string()))
+    fn tree(&self) -> (Result<Tree, MetaError>, u64) {
+        let (root, gen) = *self.root.lock();
+        let t = Tree::open(self.fs_id, NODE_SIZE, root).map_err(|e| MetaError(e.to_string()));
+        (t, gen)
     }
 }
 
 impl InodeSource for DurableTree {
-    fn read_inode(&self, ino: u64) -> Result<Option<Inode>, MetaError> {
-        // Names are hashed with the fs_id as seed (`Meta::name_seed`).
-        metatree::load_inode(&self.tree()?, &*self.store, self.fs_id, ino)
-            .map_err(|e| MetaError(format!("reading inode {ino} back: {e}")))
+    fn read_inodes(&self, inos: &[u64]) -> Read {
+        let (tree, gen) = self.tree();
+        let inodes = tree.and_then(|t| {
+            let mut out = Vec::with_capacity(inos.len());
+            for &ino in inos {
+                // Names are hashed with the fs_id as seed (`Meta::name_seed`).
+                let i = metatree::load_inode(&t, &*self.store, self.fs_id, ino)
+                    .map_err(|e| MetaError(format!("reading inode {ino} back: {e}")))?;
+                out.extend(i.map(|i| (ino, i)));
+            }
+            Ok(out)
+        });
+        Read { gen, inodes }
     }
 
-    fn read_all(&self) -> Result<Vec<(u64, Inode)>, MetaError> {
-        metatree::load_files(&self.tree()?, &*self.store, self.fs_id)
-            .map_err(|e| MetaError(format!("reading the inodes back: {e}")))
+    fn read_all(&self) -> Read {
+        let (tree, gen) = self.tree();
+        let inodes = tree.and_then(|t| {
+            metatree::load_files(&t, &*self.store, self.fs_id)
+                .map_err(|e| MetaError(format!("reading the inodes back: {e}")))
+        });
+        Read { gen, inodes }
     }
 }
 
@@ -103,7 +119,9 @@ impl MetaTree {
             durable: Arc::new(DurableTree {
                 fs_id,
                 store: store.clone(),
-                root: Mutex::new(root),
+                // Generation 0: what the inode cache counts as durable before its first
+                // checkpoint.
+                root: Mutex::new((root, 0)),
             }),
             store,
             cursor,
@@ -198,7 +216,7 @@ impl MetaTree {
     /// blocks of the nodes it replaced go back to `meta`'s allocator, their cached bytes
     /// are no nodes any more, and inodes are read back from it. Under `st`.
     pub fn release(&self, meta: &mut Meta, w: &TreeWrite, gen: u64) -> FsResult<()> {
-        *self.durable.root.lock() = w.root;
+        *self.durable.root.lock() = (w.root, gen);
         meta.gen_durable(gen);
         free_nodes(meta, &w.freed)?;
         for &b in &w.freed {

@@ -3,10 +3,14 @@
 //! back from the tree's durable root on its first use and an unused clean one can be
 //! dropped (the kernel's iget and inode reclaim; `fs::icache` decides when).
 //!
-//! Reads come through `&Meta` (a lookup, a stat, the checks of `Meta::apply`), so an
-//! inode is faulted in without `&mut`: the map is append-only between `&mut` uses
-//! (`elsa::FrozenMap`: an inode is boxed, and a box never moves or drops while a shared
-//! borrow lives). Eviction and removal take `&mut`.
+//! Reading one back is IO, and IO is never issued under `st` (a device may complete
+//! inline, or reap completions in the waiting thread, and a data write's completion
+//! takes `st`): a read of an inode not in memory fails instead, noting the miss
+//! (`fetch`), and the operation's entry point (`Vol::faulting`) reads the missed inodes
+//! back without `st` (`InodeSource`), installs them (`install`) and runs the operation
+//! again. Every operation reads its inodes before it changes anything, so a rerun
+//! repeats nothing. Misses are noted through `&Meta` (a lookup, a stat, the checks of
+//! `Meta::apply` all read through it), hence the `RefCell`.
 //!
 //! What may be dropped: an inode whose every change is in a durable checkpoint. A change
 //! is stamped with the checkpoint generation it goes out with (`changed`); a checkpoint
@@ -17,19 +21,27 @@
 //! name it, which a single inode's read cannot see.
 
 use super::meta::{Inode, MetaError};
-use elsa::FrozenMap;
-use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-/// Where inodes not in memory are read from: the metadata tree's durable root.
+/// Where inodes not in memory are read from: the metadata tree's durable root. Called
+/// without `st`; each read says which durable generation it read (`Read::gen`), and
+/// is installed only if that is still the durable one (the blocks of an older root's
+/// nodes may have been given back and reused meanwhile).
 pub trait InodeSource: Send + Sync {
-    /// Inode `ino` as the last durable checkpoint holds it (none: not there).
-    fn read_inode(&self, ino: u64) -> Result<Option<Inode>, MetaError>;
+    /// These inodes as the last durable checkpoint holds them (absent: not there).
+    fn read_inodes(&self, inos: &[u64]) -> Read;
 
     /// Every inode the last durable checkpoint holds but directories (which are in
     /// memory anyway).
-    fn read_all(&self) -> Result<Vec<(u64, Inode)>, MetaError>;
+    fn read_all(&self) -> Read;
+}
+
+/// What an `InodeSource` read, from the root of durable generation `gen`.
+pub struct Read {
+    pub gen: u64,
+    pub inodes: Result<Vec<(u64, Inode)>, MetaError>,
 }
 
 /// What the cache did (the control directory's `inode_cache_*` counters).
@@ -45,16 +57,24 @@ pub struct MetaCacheStats {
     pub changed: u64,
 }
 
+/// Numbers of inodes found gone remembered, at most.
+const ABSENT_MAX: usize = 65536;
+
 /// Inodes that come in after an eviction stopped short before another is tried.
 const REST_SLACK: usize = 1024;
 
 pub struct Inodes {
-    map: FrozenMap<u64, Box<Inode>>,
+    map: HashMap<u64, Box<Inode>>,
     /// None: every inode is in memory, and nothing is dropped.
     source: Option<Arc<dyn InodeSource>>,
     /// Inodes that came into memory (created or read back), oldest first: the order
     /// clean ones are dropped in. May name inodes gone since; eviction skips them.
-    order: RefCell<VecDeque<u64>>,
+    order: VecDeque<u64>,
+    /// Inodes asked for but not in memory, since the last `take_misses`.
+    misses: RefCell<Vec<u64>>,
+    /// Inodes read back and not found (deleted, or never made): numbers are never
+    /// used twice, so they stay gone. Forgotten past `ABSENT_MAX`, to be read again.
+    absent: HashSet<u64>,
     /// Inodes changed (or deleted) since the last durable checkpoint: the generation
     /// their last change goes out with.
     changed: HashMap<u64, u64>,
@@ -62,7 +82,7 @@ pub struct Inodes {
     gen: u64,
     /// Every generation up to this one is in a durable checkpoint.
     durable_gen: u64,
-    faults: Cell<u64>,
+    faults: u64,
     evictions: u64,
     /// Where the last eviction that stopped short left off: (durable generation,
     /// inodes in memory). Until a checkpoint makes more clean or a batch more came in,
@@ -76,10 +96,12 @@ impl Clone for Inodes {
             map: self.map.clone(),
             source: self.source.clone(),
             order: self.order.clone(),
+            misses: self.misses.clone(),
+            absent: self.absent.clone(),
             changed: self.changed.clone(),
             gen: self.gen,
             durable_gen: self.durable_gen,
-            faults: self.faults.clone(),
+            faults: self.faults,
             evictions: self.evictions,
             rest: self.rest,
         }
@@ -100,13 +122,15 @@ impl Inodes {
     /// All of these inodes, in memory for good.
     pub fn new(map: HashMap<u64, Box<Inode>>) -> Inodes {
         Inodes {
-            map: map.into(),
+            map,
             source: None,
-            order: RefCell::new(VecDeque::new()),
+            order: VecDeque::new(),
+            misses: RefCell::new(Vec::new()),
+            absent: HashSet::new(),
             changed: HashMap::new(),
             gen: 1,
             durable_gen: 0,
-            faults: Cell::new(0),
+            faults: 0,
             evictions: 0,
             rest: (0, 0),
         }
@@ -115,9 +139,8 @@ impl Inodes {
     /// From now on inodes may be dropped and are read back from `source`, which holds
     /// every inode but those changed since the last durable checkpoint.
     pub fn set_source(&mut self, source: Arc<dyn InodeSource>) {
-        let order = self.order.get_mut();
-        order.clear();
-        order.extend(self.map.as_mut().keys().copied());
+        self.order.clear();
+        self.order.extend(self.map.keys().copied());
         self.source = Some(source);
     }
 
@@ -127,51 +150,24 @@ impl Inodes {
 
     /// Inode `ino` if it is in memory (no IO).
     pub fn resident(&self, ino: u64) -> Option<&Inode> {
-        self.map.get(&ino)
+        self.map.get(&ino).map(|b| &**b)
     }
 
-    /// Inode `ino`, read back from the tree if it is not in memory; none if it does not
-    /// exist.
+    /// Inode `ino`, or none if it does not exist; an error if it is not in memory (the
+    /// miss is noted for `take_misses`).
     pub fn fetch(&self, ino: u64) -> Result<Option<&Inode>, MetaError> {
         if let Some(i) = self.map.get(&ino) {
-            return Ok(Some(i));
+            return Ok(Some(&**i));
         }
-        let Some(src) = &self.source else {
+        // Not lazy: all are here. Changed since the durable checkpoint and not in
+        // memory: deleted (a changed inode is never dropped), though the durable tree
+        // may still hold it.
+        if self.source.is_none() || self.changed.contains_key(&ino) || self.absent.contains(&ino)
+        {
             return Ok(None);
-        };
-        // Changed since the durable checkpoint and not in memory: deleted (a changed
-        // inode is never dropped), though the durable tree may still hold it.
-        if self.changed.contains_key(&ino) {
-            return Ok(None);
         }
-        let Some(i) = src.read_inode(ino)? else {
-            return Ok(None);
-        };
-        if i.is_dir() {
-            return Err(MetaError(format!(
-                "directory {ino} was not in memory (directories are never dropped)"
-            )));
-        }
-        self.faults.set(self.faults.get() + 1);
-        self.order.borrow_mut().push_back(ino);
-        Ok(Some(self.map.insert(ino, Box::new(i))))
-    }
-
-    /// Every inode in memory: those not there read back in one walk of the tree.
-    pub fn fetch_all(&mut self) -> Result<(), MetaError> {
-        let Some(src) = self.source.clone() else {
-            return Ok(());
-        };
-        for (ino, i) in src.read_all()? {
-            // Changed ones are in memory or deleted.
-            if self.changed.contains_key(&ino) || self.map.get(&ino).is_some() {
-                continue;
-            }
-            debug_assert!(!i.is_dir(), "directory {ino} was not in memory");
-            self.order.get_mut().push_back(ino);
-            self.map.as_mut().insert(ino, Box::new(i));
-        }
-        Ok(())
+        self.misses.borrow_mut().push(ino);
+        Err(MetaError(format!("inode {ino} is not in memory")))
     }
 
     /// `fetch` for a change: the inode is stamped changed.
@@ -180,15 +176,71 @@ impl Inodes {
             return Ok(None);
         }
         self.note_changed(ino);
-        Ok(self.map.as_mut().get_mut(&ino).map(|b| &mut **b))
+        Ok(self.map.get_mut(&ino).map(|b| &mut **b))
+    }
+
+    /// The inodes missed since the last call, once each.
+    pub fn take_misses(&mut self) -> Vec<u64> {
+        let mut m = std::mem::take(self.misses.get_mut());
+        m.sort_unstable();
+        m.dedup();
+        m
+    }
+
+    /// Forget the misses noted so far (a caller about to ask whether it met any).
+    pub fn clear_misses(&self) {
+        self.misses.borrow_mut().clear();
+    }
+
+    pub fn has_misses(&self) -> bool {
+        !self.misses.borrow().is_empty()
+    }
+
+    pub fn source(&self) -> Option<Arc<dyn InodeSource>> {
+        self.source.clone()
+    }
+
+    /// Install what `read` read back of the inodes `asked` (none: all), unless the
+    /// durable generation moved on since (then false: read again). Inodes in memory or
+    /// changed since are kept as they are: memory is newer than the tree.
+    pub fn install(&mut self, read: Read, asked: Option<&[u64]>) -> Result<bool, MetaError> {
+        if read.gen != self.durable_gen {
+            return Ok(false);
+        }
+        let found = read.inodes?;
+        if let Some(asked) = asked {
+            if self.absent.len() > ABSENT_MAX {
+                self.absent.clear();
+            }
+            let there: HashSet<u64> = found.iter().map(|(ino, _)| *ino).collect();
+            self.absent.extend(
+                asked
+                    .iter()
+                    .filter(|&&ino| !there.contains(&ino) && !self.map.contains_key(&ino)),
+            );
+        }
+        for (ino, i) in found {
+            if self.changed.contains_key(&ino) || self.map.contains_key(&ino) {
+                continue;
+            }
+            if i.is_dir() {
+                return Err(MetaError(format!(
+                    "directory {ino} was not in memory (directories are never dropped)"
+                )));
+            }
+            self.faults += 1;
+            self.order.push_back(ino);
+            self.map.insert(ino, Box::new(i));
+        }
+        Ok(true)
     }
 
     /// A new inode (created, or every inode at load).
     pub fn insert(&mut self, ino: u64, i: Box<Inode>) {
-        let old = self.map.as_mut().insert(ino, i);
+        let old = self.map.insert(ino, i);
         debug_assert!(old.is_none(), "inode {ino} inserted twice");
         if self.source.is_some() {
-            self.order.get_mut().push_back(ino);
+            self.order.push_back(ino);
         }
         self.note_changed(ino);
     }
@@ -197,7 +249,7 @@ impl Inodes {
     /// read back before the deletion is durable.
     pub fn remove(&mut self, ino: u64) -> Option<Box<Inode>> {
         self.note_changed(ino);
-        self.map.as_mut().remove(&ino)
+        self.map.remove(&ino)
     }
 
     /// Stamp `ino` with the running generation (a tree-backed cache only: elsewhere
@@ -236,8 +288,8 @@ impl Inodes {
         if self.rest.0 == self.durable_gen && self.map.len() < self.rest.1 + REST_SLACK {
             return dropped;
         }
-        let order = self.order.get_mut();
-        let map = self.map.as_mut();
+        let order = &mut self.order;
+        let map = &mut self.map;
         if order.len() > 2 * map.len() + 1024 {
             // Mostly inodes deleted since they came in (creates and deletes under the
             // limit never reach the loop below).
@@ -275,12 +327,16 @@ impl Inodes {
 
     /// Every inode in memory (all of them unless the cache is lazy).
     pub fn all_resident(&mut self) -> &mut HashMap<u64, Box<Inode>> {
-        self.map.as_mut()
+        &mut self.map
+    }
+
+    pub fn durable_gen(&self) -> u64 {
+        self.durable_gen
     }
 
     pub fn stats(&self) -> MetaCacheStats {
         MetaCacheStats {
-            faults: self.faults.get(),
+            faults: self.faults,
             evictions: self.evictions,
             resident: self.map.len() as u64,
             changed: self.changed.len() as u64,

@@ -15,7 +15,7 @@ use super::alloc::{AllocError, Allocator, FreeSpace};
 use super::dir::{name_hash, Dir};
 use super::extents::ExtentMap;
 use super::format::{FormatError, InodeKind, Reader, Record, Writer, BLOCK_SIZE};
-use super::inodes::{InodeSource, Inodes, MetaCacheStats};
+use super::inodes::{InodeSource, Inodes, MetaCacheStats, Read};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -401,10 +401,27 @@ impl Meta {
         self.inodes.stats()
     }
 
-    /// Every inode in memory (those not there read back), for a walk of them all
-    /// (`check` of a mounted volume).
-    pub fn load_all(&mut self) -> Result<(), MetaError> {
-        self.inodes.fetch_all()
+    /// The inodes asked for but not in memory since the last call (`fs::inodes`).
+    pub fn take_misses(&mut self) -> Vec<u64> {
+        self.inodes.take_misses()
+    }
+
+    pub fn clear_misses(&self) {
+        self.inodes.clear_misses();
+    }
+
+    pub fn has_misses(&self) -> bool {
+        self.inodes.has_misses()
+    }
+
+    /// Where inodes not in memory are read back from (none: all are in memory).
+    pub fn source(&self) -> Option<Arc<dyn InodeSource>> {
+        self.inodes.source()
+    }
+
+    /// Install inodes read back; false if the durable root moved on since the read.
+    pub fn install(&mut self, read: Read, asked: Option<&[u64]>) -> Result<bool, MetaError> {
+        self.inodes.install(read, asked)
     }
 
     /// Record from now on which keys `apply` changes (off: nothing is kept).

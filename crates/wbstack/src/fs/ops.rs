@@ -62,28 +62,32 @@ fn name_str(name: &[u8]) -> String {
 impl Volume {
     /// getattr.
     pub fn getattr(&self, ino: u64) -> FsResult<Stat> {
-        self.stat_ino(ino)
+        self.vol.faulting(|| self.stat_ino(ino))
     }
 
     /// lookup: `name` in directory `dir`, which the caller must be able to search.
     pub fn lookup_as(&self, c: &Cred, dir: u64, name: &[u8]) -> FsResult<Stat> {
-        if name.len() > super::meta::NAME_MAX {
-            super::volume::check_name(name)?;
-        }
-        let st = self.vol.st.lock();
-        perm::check(c, st.inode(dir)?, MAY_EXEC, "lookup")?;
-        let ino = st.lookup(dir, name)?;
-        self.vol.stat_of(&st, ino)
+        self.vol.faulting(|| {
+            if name.len() > super::meta::NAME_MAX {
+                super::volume::check_name(name)?;
+            }
+            let st = self.vol.st.lock();
+            perm::check(c, st.inode(dir)?, MAY_EXEC, "lookup")?;
+            let ino = st.lookup(dir, name)?;
+            self.vol.stat_of(&st, ino)
+        })
     }
 
     /// access(2): `mask` of MAY_READ | MAY_WRITE | MAY_EXEC (0 asks existence only).
     pub fn access_as(&self, c: &Cred, ino: u64, mask: u32) -> FsResult<()> {
-        let st = self.vol.st.lock();
-        let i = st.inode(ino)?;
-        if mask == 0 {
-            return Ok(());
-        }
-        perm::check(c, i, mask, "access")
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let i = st.inode(ino)?;
+            if mask == 0 {
+                return Ok(());
+            }
+            perm::check(c, i, mask, "access")
+        })
     }
 
     /// mknod and mkdir: a file, directory, FIFO, socket or device node (mode holds the
@@ -96,92 +100,102 @@ impl Volume {
         mode: u32,
         rdev: u32,
     ) -> FsResult<Stat> {
-        let kind = InodeKind::from_mode(mode).ok_or_else(|| {
-            FsError::Invalid(format!("mknod of file type {:#o}", mode & 0o170000))
-        })?;
-        if kind == InodeKind::Symlink {
-            return Err(FsError::Invalid("mknod cannot make a symlink".into()));
-        }
-        if matches!(kind, InodeKind::CharDev | InodeKind::BlockDev) && !c.is_root() {
-            return Err(FsError::NotPermitted("mknod of a device node".into()));
-        }
-        let rdev = if matches!(kind, InodeKind::CharDev | InodeKind::BlockDev) {
-            rdev
-        } else {
-            0
-        };
-        let mut st = self.vol.st.lock();
-        perm::may_change_dir(c, st.inode(dir)?, "create")?;
-        let owner = perm::new_inode_owner(c, st.inode(dir)?, kind, mode);
-        let ino = self
-            .vol
-            .create_node_as(&mut st, dir, name, kind, owner, None, rdev)?;
-        self.vol.stat_of(&st, ino)
+        self.vol.faulting(|| {
+            let kind = InodeKind::from_mode(mode).ok_or_else(|| {
+                FsError::Invalid(format!("mknod of file type {:#o}", mode & 0o170000))
+            })?;
+            if kind == InodeKind::Symlink {
+                return Err(FsError::Invalid("mknod cannot make a symlink".into()));
+            }
+            if matches!(kind, InodeKind::CharDev | InodeKind::BlockDev) && !c.is_root() {
+                return Err(FsError::NotPermitted("mknod of a device node".into()));
+            }
+            let rdev = if matches!(kind, InodeKind::CharDev | InodeKind::BlockDev) {
+                rdev
+            } else {
+                0
+            };
+            let mut st = self.vol.st.lock();
+            perm::may_change_dir(c, st.inode(dir)?, "create")?;
+            let owner = perm::new_inode_owner(c, st.inode(dir)?, kind, mode);
+            let ino = self
+                .vol
+                .create_node_as(&mut st, dir, name, kind, owner, None, rdev)?;
+            self.vol.stat_of(&st, ino)
+        })
     }
 
     pub fn symlink_as(&self, c: &Cred, dir: u64, name: &[u8], target: &[u8]) -> FsResult<Stat> {
-        let mut st = self.vol.st.lock();
-        perm::may_change_dir(c, st.inode(dir)?, "symlink")?;
-        let gid = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::Symlink, 0o777).1;
-        let ino = self.vol.create_node_as(
-            &mut st,
-            dir,
-            name,
-            InodeKind::Symlink,
-            (c.uid, gid, 0o777),
-            Some(target),
-            0,
-        )?;
-        self.vol.stat_of(&st, ino)
+        self.vol.faulting(|| {
+            let mut st = self.vol.st.lock();
+            perm::may_change_dir(c, st.inode(dir)?, "symlink")?;
+            let gid = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::Symlink, 0o777).1;
+            let ino = self.vol.create_node_as(
+                &mut st,
+                dir,
+                name,
+                InodeKind::Symlink,
+                (c.uid, gid, 0o777),
+                Some(target),
+                0,
+            )?;
+            self.vol.stat_of(&st, ino)
+        })
     }
 
     pub fn readlink_ino(&self, ino: u64) -> FsResult<Vec<u8>> {
-        let st = self.vol.st.lock();
-        let i = st.inode(ino)?;
-        if i.kind != InodeKind::Symlink {
-            return Err(FsError::Invalid(format!("inode {ino} is not a symlink")));
-        }
-        Ok(i.target.clone())
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let i = st.inode(ino)?;
+            if i.kind != InodeKind::Symlink {
+                return Err(FsError::Invalid(format!("inode {ino} is not a symlink")));
+            }
+            Ok(i.target.clone())
+        })
     }
 
     /// link: a new name `name` in `dir` for inode `ino`.
     pub fn link_as(&self, c: &Cred, ino: u64, dir: u64, name: &[u8]) -> FsResult<Stat> {
-        super::volume::check_name(name)?;
-        let mut st = self.vol.st.lock();
-        st.check_writable()?;
-        perm::may_change_dir(c, st.inode(dir)?, "link")?;
-        let i = st.inode(ino)?;
-        if i.is_dir() {
-            return Err(FsError::NotPermitted(
-                "hard links to directories are not allowed".into(),
-            ));
-        }
-        if i.links >= LINK_MAX {
-            return Err(FsError::TooManyLinks(format!("inode {ino}")));
-        }
-        if i.links == 0 {
-            // An open, unlinked file cannot get a name back (no O_TMPFILE here).
-            return Err(FsError::NotFound(format!("inode {ino}")));
-        }
-        if st.lookup(dir, name).is_ok() {
-            return Err(FsError::Exists(name_str(name)));
-        }
-        self.vol.check_meta_room(&st, 64 + name.len() as u64)?;
-        let now = self.vol.now();
-        st.log_link(dir, name, ino, now)?;
-        st.stamp(dir, now, true);
-        st.stamp(ino, now, false);
-        self.vol.stat_of(&st, ino)
+        self.vol.faulting(|| {
+            super::volume::check_name(name)?;
+            let mut st = self.vol.st.lock();
+            st.check_writable()?;
+            perm::may_change_dir(c, st.inode(dir)?, "link")?;
+            let i = st.inode(ino)?;
+            if i.is_dir() {
+                return Err(FsError::NotPermitted(
+                    "hard links to directories are not allowed".into(),
+                ));
+            }
+            if i.links >= LINK_MAX {
+                return Err(FsError::TooManyLinks(format!("inode {ino}")));
+            }
+            if i.links == 0 {
+                // An open, unlinked file cannot get a name back (no O_TMPFILE here).
+                return Err(FsError::NotFound(format!("inode {ino}")));
+            }
+            if st.lookup(dir, name).is_ok() {
+                return Err(FsError::Exists(name_str(name)));
+            }
+            self.vol.check_meta_room(&st, 64 + name.len() as u64)?;
+            let now = self.vol.now();
+            st.log_link(dir, name, ino, now)?;
+            st.stamp(dir, now, true);
+            st.stamp(ino, now, false);
+            self.vol.stat_of(&st, ino)
+        })
     }
 
     /// unlink (rmdir when `dir_only`), with the sticky-directory rule.
     pub fn unlink_as(&self, c: &Cred, dir: u64, name: &[u8], dir_only: bool) -> FsResult<()> {
-        {
-            let st = self.vol.st.lock();
-            let ino = st.lookup(dir, name)?;
-            perm::may_delete(c, st.inode(dir)?, st.inode(ino)?, "unlink")?;
-        }
-        self.vol.unlink_at(dir, name, dir_only)
+        self.vol.faulting(|| {
+            {
+                let st = self.vol.st.lock();
+                let ino = st.lookup(dir, name)?;
+                perm::may_delete(c, st.inode(dir)?, st.inode(ino)?, "unlink")?;
+            }
+            self.vol.unlink_at(dir, name, dir_only)
+        })
     }
 
     /// renameat2.
@@ -194,44 +208,46 @@ impl Volume {
         nn: &[u8],
         flags: RenameFlags,
     ) -> FsResult<()> {
-        if flags.noreplace && flags.exchange {
-            return Err(FsError::Invalid(
-                "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
-            ));
-        }
-        {
-            let st = self.vol.st.lock();
-            let src = st.lookup(od, on)?;
-            let si = st.inode(src)?;
-            perm::may_delete(c, st.inode(od)?, si, "rename")?;
-            let victim = match st.lookup(nd, nn) {
-                Ok(v) => Some(v),
-                Err(FsError::NotFound(_)) => None,
-                Err(e) => return Err(e),
-            };
-            match victim {
-                Some(v) => {
-                    if flags.noreplace {
-                        return Err(FsError::Exists(name_str(nn)));
+        self.vol.faulting(|| {
+            if flags.noreplace && flags.exchange {
+                return Err(FsError::Invalid(
+                    "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
+                ));
+            }
+            {
+                let st = self.vol.st.lock();
+                let src = st.lookup(od, on)?;
+                let si = st.inode(src)?;
+                perm::may_delete(c, st.inode(od)?, si, "rename")?;
+                let victim = match st.lookup(nd, nn) {
+                    Ok(v) => Some(v),
+                    Err(FsError::NotFound(_)) => None,
+                    Err(e) => return Err(e),
+                };
+                match victim {
+                    Some(v) => {
+                        if flags.noreplace {
+                            return Err(FsError::Exists(name_str(nn)));
+                        }
+                        perm::may_delete(c, st.inode(nd)?, st.inode(v)?, "rename")?;
+                        if flags.exchange && od != nd && st.inode(v)?.is_dir() {
+                            perm::check(c, st.inode(v)?, MAY_WRITE, "rename")?;
+                        }
                     }
-                    perm::may_delete(c, st.inode(nd)?, st.inode(v)?, "rename")?;
-                    if flags.exchange && od != nd && st.inode(v)?.is_dir() {
-                        perm::check(c, st.inode(v)?, MAY_WRITE, "rename")?;
-                    }
+                    None if flags.exchange => return Err(FsError::NotFound(name_str(nn))),
+                    None => perm::may_change_dir(c, st.inode(nd)?, "rename")?,
                 }
-                None if flags.exchange => return Err(FsError::NotFound(name_str(nn))),
-                None => perm::may_change_dir(c, st.inode(nd)?, "rename")?,
+                // A directory changing parent rewrites its "..": write permission on it.
+                if si.is_dir() && od != nd {
+                    perm::check(c, si, MAY_WRITE, "rename")?;
+                }
             }
-            // A directory changing parent rewrites its "..": write permission on it.
-            if si.is_dir() && od != nd {
-                perm::check(c, si, MAY_WRITE, "rename")?;
+            if flags.exchange {
+                self.exchange(od, on, nd, nn)
+            } else {
+                self.vol.rename_at(od, on, nd, nn)
             }
-        }
-        if flags.exchange {
-            self.exchange(od, on, nd, nn)
-        } else {
-            self.vol.rename_at(od, on, nd, nn)
-        }
+        })
     }
 
     /// RENAME_EXCHANGE: both entries swap inodes in one transaction.
@@ -266,8 +282,10 @@ impl Volume {
     /// opendir: `ino` is a directory `c` may read. What a walk of it then returns is
     /// `readdir_page`'s.
     pub fn opendir_as(&self, c: &Cred, ino: u64) -> FsResult<()> {
-        let st = self.vol.st.lock();
-        perm::check(c, st.dir(ino)?, MAY_READ, "readdir")
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            perm::check(c, st.dir(ino)?, MAY_READ, "readdir")
+        })
     }
 
     /// Up to `max` entries of directory `ino` after readdir cookie `cookie` (0: from
@@ -277,101 +295,110 @@ impl Volume {
     /// removed meanwhile, and costs O(log n) a page: nothing is kept between pages
     /// (`fs::dir`). Permission is opendir's (`opendir_as`), as POSIX checks it at open.
     pub fn readdir_page(&self, ino: u64, cookie: u64, max: usize) -> FsResult<Vec<DirPageEntry>> {
-        let st = self.vol.st.lock();
-        Ok(st.dir(ino)?.entries.page(cookie, max, |c| st.kind_of(c)))
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            st.meta.clear_misses();
+            let page = st.dir(ino)?.entries.page(cookie, max, |c| st.kind_of(c));
+            st.missed()?;
+            Ok(page)
+        })
     }
 
     /// The parent of directory `ino` (for "..").
     pub fn parent_of(&self, ino: u64) -> FsResult<u64> {
-        let st = self.vol.st.lock();
-        let i = st.inode(ino)?;
-        Ok(if i.is_dir() {
-            i.parent.max(super::meta::ROOT_INO)
-        } else {
-            ino
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let i = st.inode(ino)?;
+            Ok(if i.is_dir() {
+                i.parent.max(super::meta::ROOT_INO)
+            } else {
+                ino
+            })
         })
     }
 
     /// setattr: chmod, chown, utimensat and truncate, each checked by `fs::perm`.
     pub fn setattr_as(&self, c: &Cred, ino: u64, a: &SetAttrIno) -> FsResult<Stat> {
-        let now = self.vol.now();
-        if let Some(size) = a.size {
-            let m = {
-                let mut st = self.vol.st.lock();
-                st.check_writable()?;
+        self.vol.faulting(|| {
+            let now = self.vol.now();
+            if let Some(size) = a.size {
+                let m = {
+                    let mut st = self.vol.st.lock();
+                    st.check_writable()?;
+                    let i = st.inode(ino)?;
+                    match i.kind {
+                        InodeKind::Dir => return Err(FsError::IsDir(format!("inode {ino}"))),
+                        InodeKind::File => {}
+                        _ => return Err(FsError::Invalid(format!("truncate of inode {ino}"))),
+                    }
+                    if !a.size_by_open_file {
+                        perm::check(c, i, MAY_WRITE, "truncate")?;
+                    }
+                    if let Some(mode) = perm::kill_suid(c, i) {
+                        self.set_mode_locked(&mut st, ino, mode, now)?;
+                    }
+                    self.vol.mapping(&st, ino)?
+                };
+                if size > i64::MAX as u64 {
+                    return Err(FsError::Invalid("size past the largest file size".into()));
+                }
+                self.vol.truncate(ino, &m, size)?;
+            }
+            let mut st = self.vol.st.lock();
+            st.check_writable()?;
+            let mut mode = None;
+            {
                 let i = st.inode(ino)?;
-                match i.kind {
-                    InodeKind::Dir => return Err(FsError::IsDir(format!("inode {ino}"))),
-                    InodeKind::File => {}
-                    _ => return Err(FsError::Invalid(format!("truncate of inode {ino}"))),
+                if let Some(m) = a.mode {
+                    mode = Some(perm::chmod(c, i, m)?);
                 }
-                if !a.size_by_open_file {
-                    perm::check(c, i, MAY_WRITE, "truncate")?;
+                if a.uid.is_some() || a.gid.is_some() {
+                    let mut after = i.clone();
+                    if let Some(m) = mode {
+                        after.mode = m;
+                    }
+                    mode = Some(perm::chown(c, &after, a.uid, a.gid)?);
                 }
-                if let Some(mode) = perm::kill_suid(c, i) {
-                    self.set_mode_locked(&mut st, ino, mode, now)?;
+                let explicit = matches!(a.atime, Some(TimeSet::At(_)))
+                    || matches!(a.mtime, Some(TimeSet::At(_)));
+                if a.atime.is_some() || a.mtime.is_some() {
+                    perm::set_times(c, i, explicit)?;
                 }
-                self.vol.mapping(&st, ino)?
-            };
-            if size > i64::MAX as u64 {
-                return Err(FsError::Invalid("size past the largest file size".into()));
             }
-            self.vol.truncate(ino, &m, size)?;
-        }
-        let mut st = self.vol.st.lock();
-        st.check_writable()?;
-        let mut mode = None;
-        {
-            let i = st.inode(ino)?;
-            if let Some(m) = a.mode {
-                mode = Some(perm::chmod(c, i, m)?);
-            }
-            if a.uid.is_some() || a.gid.is_some() {
-                let mut after = i.clone();
+            let changed = mode.is_some() || a.uid.is_some() || a.gid.is_some();
+            let times = a.atime.is_some() || a.mtime.is_some();
+            if changed || times {
+                let wall = now + st.wall_offset_ns;
+                let resolve = |t: TimeSet| match t {
+                    TimeSet::Now => wall,
+                    TimeSet::At(ns) => ns,
+                };
+                let i = st
+                    .meta
+                    .find_mut(ino)?
+                    .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
                 if let Some(m) = mode {
-                    after.mode = m;
+                    i.mode = m;
                 }
-                mode = Some(perm::chown(c, &after, a.uid, a.gid)?);
+                if let Some(u) = a.uid {
+                    i.uid = u;
+                }
+                if let Some(g) = a.gid {
+                    i.gid = g;
+                }
+                if let Some(t) = a.atime {
+                    i.atime_ns = resolve(t);
+                }
+                if let Some(t) = a.mtime {
+                    i.mtime_ns = resolve(t);
+                }
+                i.ctime_ns = wall;
+                st.txn_inodes.insert(ino);
+                // Mode and ownership are not "just timestamps": fdatasync must not skip them.
+                st.touch(&[ino], !changed, now);
             }
-            let explicit =
-                matches!(a.atime, Some(TimeSet::At(_))) || matches!(a.mtime, Some(TimeSet::At(_)));
-            if a.atime.is_some() || a.mtime.is_some() {
-                perm::set_times(c, i, explicit)?;
-            }
-        }
-        let changed = mode.is_some() || a.uid.is_some() || a.gid.is_some();
-        let times = a.atime.is_some() || a.mtime.is_some();
-        if changed || times {
-            let wall = now + st.wall_offset_ns;
-            let resolve = |t: TimeSet| match t {
-                TimeSet::Now => wall,
-                TimeSet::At(ns) => ns,
-            };
-            let i = st
-                .meta
-                .find_mut(ino)?
-                .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
-            if let Some(m) = mode {
-                i.mode = m;
-            }
-            if let Some(u) = a.uid {
-                i.uid = u;
-            }
-            if let Some(g) = a.gid {
-                i.gid = g;
-            }
-            if let Some(t) = a.atime {
-                i.atime_ns = resolve(t);
-            }
-            if let Some(t) = a.mtime {
-                i.mtime_ns = resolve(t);
-            }
-            i.ctime_ns = wall;
-            st.txn_inodes.insert(ino);
-            // Mode and ownership are not "just timestamps": fdatasync must not skip them.
-            st.touch(&[ino], !changed, now);
-        }
-        self.vol.stat_of(&st, ino)
+            self.vol.stat_of(&st, ino)
+        })
     }
 
     fn set_mode_locked(
@@ -396,32 +423,36 @@ impl Volume {
     /// A write by `c` clears set-user-id (and group-executable set-group-id) unless
     /// `c` is root, as should_remove_suid does; cheap when there is nothing to clear.
     pub fn kill_suid_as(&self, c: &Cred, ino: u64) -> FsResult<()> {
-        if c.is_root() {
-            return Ok(());
-        }
-        let mut st = self.vol.st.lock();
-        if let Some(mode) = perm::kill_suid(c, st.inode(ino)?) {
-            let now = self.vol.now();
-            self.set_mode_locked(&mut st, ino, mode, now)?;
-        }
-        Ok(())
+        self.vol.faulting(|| {
+            if c.is_root() {
+                return Ok(());
+            }
+            let mut st = self.vol.st.lock();
+            if let Some(mode) = perm::kill_suid(c, st.inode(ino)?) {
+                let now = self.vol.now();
+                self.set_mode_locked(&mut st, ino, mode, now)?;
+            }
+            Ok(())
+        })
     }
 
     /// open of an existing inode, with its access checked.
     pub fn open_as(&self, c: &Cred, ino: u64, o: &OpenOptions) -> FsResult<File> {
-        {
-            let st = self.vol.st.lock();
-            let i = st.inode(ino)?;
-            let mut mask = 0;
-            if o.read {
-                mask |= MAY_READ;
+        self.vol.faulting(|| {
+            {
+                let st = self.vol.st.lock();
+                let i = st.inode(ino)?;
+                let mut mask = 0;
+                if o.read {
+                    mask |= MAY_READ;
+                }
+                if o.write || o.truncate {
+                    mask |= MAY_WRITE;
+                }
+                perm::check(c, i, mask, "open")?;
             }
-            if o.write || o.truncate {
-                mask |= MAY_WRITE;
-            }
-            perm::check(c, i, mask, "open")?;
-        }
-        self.vol.open_ino(ino, o, false)
+            self.vol.open_ino(ino, o, false)
+        })
     }
 
     /// create: a new regular file `name` in `dir`, opened (O_CREAT; with
@@ -434,58 +465,64 @@ impl Volume {
         mode: u32,
         o: &OpenOptions,
     ) -> FsResult<(File, Stat)> {
-        let (ino, created) = {
-            let mut st = self.vol.st.lock();
-            match st.lookup(dir, name) {
-                Ok(_) if o.exclusive => return Err(FsError::Exists(name_str(name))),
-                Ok(ino) => (ino, false),
-                Err(FsError::NotFound(_)) => {
-                    perm::may_change_dir(c, st.inode(dir)?, "create")?;
-                    let owner = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::File, mode);
-                    let ino = self.vol.create_node_as(
-                        &mut st,
-                        dir,
-                        name,
-                        InodeKind::File,
-                        owner,
-                        None,
-                        0,
-                    )?;
-                    (ino, true)
+        self.vol.faulting(|| {
+            let (ino, created) = {
+                let mut st = self.vol.st.lock();
+                match st.lookup(dir, name) {
+                    Ok(_) if o.exclusive => return Err(FsError::Exists(name_str(name))),
+                    Ok(ino) => (ino, false),
+                    Err(FsError::NotFound(_)) => {
+                        perm::may_change_dir(c, st.inode(dir)?, "create")?;
+                        let owner = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::File, mode);
+                        let ino = self.vol.create_node_as(
+                            &mut st,
+                            dir,
+                            name,
+                            InodeKind::File,
+                            owner,
+                            None,
+                            0,
+                        )?;
+                        (ino, true)
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
-            }
-        };
-        let f = if created {
-            self.vol.open_ino(ino, o, true)?
-        } else {
-            self.open_as(c, ino, o)?
-        };
-        let s = f.stat()?;
-        Ok((f, s))
+            };
+            let f = if created {
+                self.vol.open_ino(ino, o, true)?
+            } else {
+                self.open_as(c, ino, o)?
+            };
+            let s = f.stat()?;
+            Ok((f, s))
+        })
     }
 
     // ---- extended attributes ---------------------------------------------------------
 
     pub fn getxattr_as(&self, c: &Cred, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
-        let st = self.vol.st.lock();
-        let i = st.inode(ino)?;
-        perm::xattr(c, i, name, false)?;
-        i.xattrs
-            .get(name)
-            .cloned()
-            .ok_or_else(|| FsError::NoData(name_str(name)))
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let i = st.inode(ino)?;
+            perm::xattr(c, i, name, false)?;
+            i.xattrs
+                .get(name)
+                .cloned()
+                .ok_or_else(|| FsError::NoData(name_str(name)))
+        })
     }
 
     /// The names the caller may see (trusted.* only for root).
     pub fn listxattr_as(&self, c: &Cred, ino: u64) -> FsResult<Vec<Vec<u8>>> {
-        let st = self.vol.st.lock();
-        let i = st.inode(ino)?;
-        Ok(i.xattrs
-            .keys()
-            .filter(|n| c.is_root() || !n.starts_with(b"trusted."))
-            .cloned()
-            .collect())
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let i = st.inode(ino)?;
+            Ok(i.xattrs
+                .keys()
+                .filter(|n| c.is_root() || !n.starts_with(b"trusted."))
+                .cloned()
+                .collect())
+        })
     }
 
     pub fn setxattr_as(
@@ -496,54 +533,56 @@ impl Volume {
         value: &[u8],
         how: XattrMode,
     ) -> FsResult<()> {
-        if name.is_empty() || name.len() > XATTR_NAME_MAX {
-            return Err(FsError::Invalid(format!(
-                "an extended attribute name of {} bytes",
-                name.len()
-            )));
-        }
-        if value.len() > XATTR_SIZE_MAX {
-            return Err(FsError::TooBig(format!(
-                "an extended attribute value of {} bytes",
-                value.len()
-            )));
-        }
-        let mut st = self.vol.st.lock();
-        st.check_writable()?;
-        let i = st.inode(ino)?;
-        perm::xattr(c, i, name, true)?;
-        if name == b"system.posix_acl_access" {
-            return self.set_access_acl(&mut st, c, ino, value);
-        }
-        let old = i.xattrs.get(name);
-        match (how, old) {
-            (XattrMode::Create, Some(_)) => return Err(FsError::Exists(name_str(name))),
-            (XattrMode::Replace, None) => return Err(FsError::NoData(name_str(name))),
-            _ => {}
-        }
-        let used: usize = i
-            .xattrs
-            .iter()
-            .filter(|(n, _)| n.as_slice() != name)
-            .map(|(n, v)| n.len() + v.len())
-            .sum();
-        if used + name.len() + value.len() > XATTR_INODE_MAX {
-            return Err(FsError::NoSpace);
-        }
-        self.vol
-            .check_meta_room(&st, (name.len() + value.len() + 16) as u64)?;
-        let now = self.vol.now();
-        st.log(
-            Record::SetXattr {
-                ino,
-                name: name.to_vec(),
-                value: value.to_vec(),
-            },
-            &[ino],
-            now,
-        )?;
-        st.stamp(ino, now, false);
-        Ok(())
+        self.vol.faulting(|| {
+            if name.is_empty() || name.len() > XATTR_NAME_MAX {
+                return Err(FsError::Invalid(format!(
+                    "an extended attribute name of {} bytes",
+                    name.len()
+                )));
+            }
+            if value.len() > XATTR_SIZE_MAX {
+                return Err(FsError::TooBig(format!(
+                    "an extended attribute value of {} bytes",
+                    value.len()
+                )));
+            }
+            let mut st = self.vol.st.lock();
+            st.check_writable()?;
+            let i = st.inode(ino)?;
+            perm::xattr(c, i, name, true)?;
+            if name == b"system.posix_acl_access" {
+                return self.set_access_acl(&mut st, c, ino, value);
+            }
+            let old = i.xattrs.get(name);
+            match (how, old) {
+                (XattrMode::Create, Some(_)) => return Err(FsError::Exists(name_str(name))),
+                (XattrMode::Replace, None) => return Err(FsError::NoData(name_str(name))),
+                _ => {}
+            }
+            let used: usize = i
+                .xattrs
+                .iter()
+                .filter(|(n, _)| n.as_slice() != name)
+                .map(|(n, v)| n.len() + v.len())
+                .sum();
+            if used + name.len() + value.len() > XATTR_INODE_MAX {
+                return Err(FsError::NoSpace);
+            }
+            self.vol
+                .check_meta_room(&st, (name.len() + value.len() + 16) as u64)?;
+            let now = self.vol.now();
+            st.log(
+                Record::SetXattr {
+                    ino,
+                    name: name.to_vec(),
+                    value: value.to_vec(),
+                },
+                &[ino],
+                now,
+            )?;
+            st.stamp(ino, now, false);
+            Ok(())
+        })
     }
 
     /// An access ACL sets the mode's permission bits (posix_acl_equiv_mode,
@@ -607,24 +646,26 @@ impl Volume {
     }
 
     pub fn removexattr_as(&self, c: &Cred, ino: u64, name: &[u8]) -> FsResult<()> {
-        let mut st = self.vol.st.lock();
-        st.check_writable()?;
-        let i = st.inode(ino)?;
-        perm::xattr(c, i, name, true)?;
-        if !i.xattrs.contains_key(name) {
-            return Err(FsError::NoData(name_str(name)));
-        }
-        let now = self.vol.now();
-        st.log(
-            Record::RemoveXattr {
-                ino,
-                name: name.to_vec(),
-            },
-            &[ino],
-            now,
-        )?;
-        st.stamp(ino, now, false);
-        Ok(())
+        self.vol.faulting(|| {
+            let mut st = self.vol.st.lock();
+            st.check_writable()?;
+            let i = st.inode(ino)?;
+            perm::xattr(c, i, name, true)?;
+            if !i.xattrs.contains_key(name) {
+                return Err(FsError::NoData(name_str(name)));
+            }
+            let now = self.vol.now();
+            st.log(
+                Record::RemoveXattr {
+                    ino,
+                    name: name.to_vec(),
+                },
+                &[ino],
+                now,
+            )?;
+            st.stamp(ino, now, false);
+            Ok(())
+        })
     }
 }
 

@@ -316,6 +316,10 @@ pub struct JournalStats {
 }
 
 /// What the inode cache holds (`Volume::inode_cache_stats`).
+/// Times an operation runs again after reading back the inodes it missed: each rerun
+/// finds them in memory unless prunes elsewhere dropped them again meanwhile.
+const FAULT_RETRIES: usize = 8;
+
 /// Inodes a prune of the metadata cache looks at, at most: a prune runs under `st`, at
 /// opens, closes and commits, and a few thousand keep up with any rate of creates.
 const META_PRUNE_BATCH: usize = 16384;
@@ -684,14 +688,26 @@ impl State {
     }
 
     /// The kind of inode `ino`, which a directory entry names (so it exists: fsck's
-    /// invariant).
+    /// invariant). One not in memory is noted as missed (`fs::inodes`) and comes back
+    /// as a file: a caller asking for many (a page of readdir) asks `missed` after, and
+    /// its entry point reads them back in one go.
     pub(super) fn kind_of(&self, ino: u64) -> InodeKind {
-        let i = self.meta.find(ino).ok().flatten();
-        debug_assert!(
-            i.is_some(),
-            "a directory entry names inode {ino}, which is gone"
-        );
-        i.map_or(InodeKind::File, |i| i.kind)
+        match self.meta.find(ino) {
+            Ok(Some(i)) => i.kind,
+            Ok(None) => {
+                debug_assert!(false, "a directory entry names inode {ino}, which is gone");
+                InodeKind::File
+            }
+            Err(_) => InodeKind::File,
+        }
+    }
+
+    /// Failed if a read since `Meta::clear_misses` met an inode not in memory.
+    pub(super) fn missed(&self) -> FsResult<()> {
+        if self.meta.has_misses() {
+            return Err(FsError::Io);
+        }
+        Ok(())
     }
 
     /// Directory `ino` (ENOTDIR if it is something else).
@@ -1227,6 +1243,42 @@ impl Vol {
     pub(super) fn prune_icache(&self, st: &mut State) {
         self.prune_mappings(st);
         self.prune_meta(st);
+    }
+
+    /// Run `op`, which takes `st` itself; if it failed on inodes not in memory
+    /// (`fs::inodes`), read them back without `st` and run it again.
+    pub(super) fn faulting<R>(&self, mut op: impl FnMut() -> FsResult<R>) -> FsResult<R> {
+        let mut tries = 0;
+        loop {
+            let r = op();
+            if r.is_ok() {
+                return r;
+            }
+            let misses = self.st.lock().meta.take_misses();
+            if misses.is_empty() || tries == FAULT_RETRIES {
+                return r;
+            }
+            tries += 1;
+            self.read_back(Some(&misses))?;
+        }
+    }
+
+    /// Read inodes back into memory (every one for None), without `st`.
+    pub(super) fn read_back(&self, inos: Option<&[u64]>) -> FsResult<()> {
+        let Some(src) = self.st.lock().meta.source() else {
+            return Ok(());
+        };
+        loop {
+            let read = match inos {
+                Some(i) => src.read_inodes(i),
+                None => src.read_all(),
+            };
+            if self.st.lock().meta.install(read, inos)? {
+                return Ok(());
+            }
+            // A checkpoint made a new root durable during the read, and the old one's
+            // nodes may have been given back: read from the new one.
+        }
     }
 
     /// Drop clean inodes from memory past the inode cache's limit (`fs::inodes`): those
@@ -1872,38 +1924,49 @@ impl Volume {
 
     /// Look a path up (following symlinks) and return its inode number.
     pub fn lookup_path(&self, path: &str) -> FsResult<u64> {
-        let st = self.vol.st.lock();
-        self.vol.resolve(&st, path, true)
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            self.vol.resolve(&st, path, true)
+        })
     }
 
     /// `name` in directory `dir` (inode-level lookup, as FUSE asks).
     pub fn lookup(&self, dir: u64, name: &str) -> FsResult<u64> {
-        self.vol.st.lock().lookup(dir, name.as_bytes())
+        self.vol
+            .faulting(|| self.vol.st.lock().lookup(dir, name.as_bytes()))
     }
 
     pub fn stat(&self, path: &str) -> FsResult<Stat> {
-        let st = self.vol.st.lock();
-        let ino = self.vol.resolve(&st, path, true)?;
-        self.vol.stat_of(&st, ino)
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let ino = self.vol.resolve(&st, path, true)?;
+            self.vol.stat_of(&st, ino)
+        })
     }
 
     /// stat without following a symlink in the last component.
     pub fn lstat(&self, path: &str) -> FsResult<Stat> {
-        let st = self.vol.st.lock();
-        let ino = self.vol.resolve(&st, path, false)?;
-        self.vol.stat_of(&st, ino)
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let ino = self.vol.resolve(&st, path, false)?;
+            self.vol.stat_of(&st, ino)
+        })
     }
 
     pub fn stat_ino(&self, ino: u64) -> FsResult<Stat> {
-        let st = self.vol.st.lock();
-        self.vol.stat_of(&st, ino)
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            self.vol.stat_of(&st, ino)
+        })
     }
 
     pub fn mkdir(&self, path: &str, mode: u32) -> FsResult<u64> {
-        let mut st = self.vol.st.lock();
-        let (dir, name) = self.vol.resolve_parent(&st, path)?;
-        self.vol
-            .create_node(&mut st, dir, &name, InodeKind::Dir, mode, None)
+        self.vol.faulting(|| {
+            let mut st = self.vol.st.lock();
+            let (dir, name) = self.vol.resolve_parent(&st, path)?;
+            self.vol
+                .create_node(&mut st, dir, &name, InodeKind::Dir, mode, None)
+        })
     }
 
     /// mkdir -p: every missing directory of `path`, in one walk.
@@ -1931,140 +1994,165 @@ impl Volume {
     }
 
     pub fn symlink(&self, target: &str, path: &str) -> FsResult<u64> {
-        let mut st = self.vol.st.lock();
-        let (dir, name) = self.vol.resolve_parent(&st, path)?;
-        self.vol.create_node(
-            &mut st,
-            dir,
-            &name,
-            InodeKind::Symlink,
-            0o777,
-            Some(target.as_bytes()),
-        )
+        self.vol.faulting(|| {
+            let mut st = self.vol.st.lock();
+            let (dir, name) = self.vol.resolve_parent(&st, path)?;
+            self.vol.create_node(
+                &mut st,
+                dir,
+                &name,
+                InodeKind::Symlink,
+                0o777,
+                Some(target.as_bytes()),
+            )
+        })
     }
 
     pub fn readlink(&self, path: &str) -> FsResult<String> {
-        let st = self.vol.st.lock();
-        let ino = self.vol.resolve(&st, path, false)?;
-        let i = st.inode(ino)?;
-        if i.kind != InodeKind::Symlink {
-            return Err(FsError::Invalid(format!("{path} is not a symlink")));
-        }
-        Ok(String::from_utf8_lossy(&i.target).into_owned())
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let ino = self.vol.resolve(&st, path, false)?;
+            let i = st.inode(ino)?;
+            if i.kind != InodeKind::Symlink {
+                return Err(FsError::Invalid(format!("{path} is not a symlink")));
+            }
+            Ok(String::from_utf8_lossy(&i.target).into_owned())
+        })
     }
 
     /// A hard link `new` to the file at `existing`.
     pub fn link(&self, existing: &str, new: &str) -> FsResult<()> {
-        let mut st = self.vol.st.lock();
-        st.check_writable()?;
-        let ino = self.vol.resolve(&st, existing, false)?;
-        if st.inode(ino)?.is_dir() {
-            return Err(FsError::NotPermitted(format!(
-                "{existing}: hard links to directories are not allowed"
-            )));
-        }
-        let (dir, name) = self.vol.resolve_parent(&st, new)?;
-        if st.lookup(dir, &name).is_ok() {
-            return Err(FsError::Exists(new.to_string()));
-        }
-        self.vol.check_meta_room(&st, 64 + name.len() as u64)?;
-        let now = self.vol.now();
-        st.log_link(dir, &name, ino, now)?;
-        st.stamp(dir, now, true);
-        st.stamp(ino, now, false);
-        Ok(())
+        self.vol.faulting(|| {
+            let mut st = self.vol.st.lock();
+            st.check_writable()?;
+            let ino = self.vol.resolve(&st, existing, false)?;
+            if st.inode(ino)?.is_dir() {
+                return Err(FsError::NotPermitted(format!(
+                    "{existing}: hard links to directories are not allowed"
+                )));
+            }
+            let (dir, name) = self.vol.resolve_parent(&st, new)?;
+            if st.lookup(dir, &name).is_ok() {
+                return Err(FsError::Exists(new.to_string()));
+            }
+            self.vol.check_meta_room(&st, 64 + name.len() as u64)?;
+            let now = self.vol.now();
+            st.log_link(dir, &name, ino, now)?;
+            st.stamp(dir, now, true);
+            st.stamp(ino, now, false);
+            Ok(())
+        })
     }
 
     pub fn unlink(&self, path: &str) -> FsResult<()> {
-        let (dir, name) = {
-            let st = self.vol.st.lock();
-            self.vol.resolve_parent(&st, path)?
-        };
-        self.vol.unlink_at(dir, &name, false)
+        self.vol.faulting(|| {
+            let (dir, name) = {
+                let st = self.vol.st.lock();
+                self.vol.resolve_parent(&st, path)?
+            };
+            self.vol.unlink_at(dir, &name, false)
+        })
     }
 
     pub fn rmdir(&self, path: &str) -> FsResult<()> {
-        let (dir, name) = {
-            let st = self.vol.st.lock();
-            self.vol.resolve_parent(&st, path)?
-        };
-        self.vol.unlink_at(dir, &name, true)
+        self.vol.faulting(|| {
+            let (dir, name) = {
+                let st = self.vol.st.lock();
+                self.vol.resolve_parent(&st, path)?
+            };
+            self.vol.unlink_at(dir, &name, true)
+        })
     }
 
     /// rename(2), replacing an existing target atomically.
     pub fn rename(&self, from: &str, to: &str) -> FsResult<()> {
-        let ((od, on), (nd, nn)) = {
-            let st = self.vol.st.lock();
-            (
-                self.vol.resolve_parent(&st, from)?,
-                self.vol.resolve_parent(&st, to)?,
-            )
-        };
-        self.vol.rename_at(od, &on, nd, &nn)
+        self.vol.faulting(|| {
+            let ((od, on), (nd, nn)) = {
+                let st = self.vol.st.lock();
+                (
+                    self.vol.resolve_parent(&st, from)?,
+                    self.vol.resolve_parent(&st, to)?,
+                )
+            };
+            self.vol.rename_at(od, &on, nd, &nn)
+        })
     }
 
     pub fn readdir(&self, path: &str) -> FsResult<Vec<DirEntry>> {
-        let st = self.vol.st.lock();
-        let ino = self.vol.resolve(&st, path, true)?;
-        let d = st.inode(ino)?;
-        if !d.is_dir() {
-            return Err(FsError::NotDir(path.to_string()));
-        }
-        let mut all: Vec<DirEntry> = d
-            .entries
-            .iter()
-            .map(|(n, c)| DirEntry {
-                name: String::from_utf8_lossy(n).into_owned(),
-                ino: c,
-                kind: st.kind_of(c),
-            })
-            .collect();
-        // The whole listing in name order (readdir's own order, the cookies', is the
-        // name hash's: see `Vol::readdir_page`).
-        all.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        Ok(all)
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let ino = self.vol.resolve(&st, path, true)?;
+            let d = st.inode(ino)?;
+            if !d.is_dir() {
+                return Err(FsError::NotDir(path.to_string()));
+            }
+            st.meta.clear_misses();
+            let mut all: Vec<DirEntry> = d
+                .entries
+                .iter()
+                .map(|(n, c)| DirEntry {
+                    name: String::from_utf8_lossy(n).into_owned(),
+                    ino: c,
+                    kind: st.kind_of(c),
+                })
+                .collect();
+            st.missed()?;
+            // The whole listing in name order (readdir's own order, the cookies', is the
+            // name hash's: see `Vol::readdir_page`).
+            all.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+            Ok(all)
+        })
     }
 
     /// chmod / chown / utimes.
     pub fn set_attr(&self, path: &str, a: &SetAttr) -> FsResult<Stat> {
-        let ino = {
-            let st = self.vol.st.lock();
-            self.vol.resolve(&st, path, true)?
-        };
-        let at = |t: Option<u64>| t.map(super::ops::TimeSet::At);
-        self.setattr_as(
-            &super::perm::Cred::root(),
-            ino,
-            &super::ops::SetAttrIno {
-                mode: a.mode,
-                uid: a.uid,
-                gid: a.gid,
-                atime: at(a.atime_ns),
-                mtime: at(a.mtime_ns),
-                ..Default::default()
-            },
-        )
+        self.vol.faulting(|| {
+            let ino = {
+                let st = self.vol.st.lock();
+                self.vol.resolve(&st, path, true)?
+            };
+            let at = |t: Option<u64>| t.map(super::ops::TimeSet::At);
+            self.setattr_as(
+                &super::perm::Cred::root(),
+                ino,
+                &super::ops::SetAttrIno {
+                    mode: a.mode,
+                    uid: a.uid,
+                    gid: a.gid,
+                    atime: at(a.atime_ns),
+                    mtime: at(a.mtime_ns),
+                    ..Default::default()
+                },
+            )
+        })
     }
 
     pub fn open(&self, path: &str, o: &OpenOptions) -> FsResult<File> {
-        let (ino, created) = {
-            let mut st = self.vol.st.lock();
-            match self.vol.resolve(&st, path, true) {
-                Ok(_) if o.create && o.exclusive => {
-                    return Err(FsError::Exists(path.to_string()));
+        self.vol.faulting(|| {
+            let (ino, created) = {
+                let mut st = self.vol.st.lock();
+                match self.vol.resolve(&st, path, true) {
+                    Ok(_) if o.create && o.exclusive => {
+                        return Err(FsError::Exists(path.to_string()));
+                    }
+                    Ok(ino) => (ino, false),
+                    Err(FsError::NotFound(_)) if o.create => {
+                        let (dir, name) = self.vol.resolve_parent(&st, path)?;
+                        let ino = self.vol.create_node(
+                            &mut st,
+                            dir,
+                            &name,
+                            InodeKind::File,
+                            o.mode,
+                            None,
+                        )?;
+                        (ino, true)
+                    }
+                    Err(e) => return Err(e),
                 }
-                Ok(ino) => (ino, false),
-                Err(FsError::NotFound(_)) if o.create => {
-                    let (dir, name) = self.vol.resolve_parent(&st, path)?;
-                    let ino =
-                        self.vol
-                            .create_node(&mut st, dir, &name, InodeKind::File, o.mode, None)?;
-                    (ino, true)
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        self.vol.open_ino(ino, o, created)
+            };
+            self.vol.open_ino(ino, o, created)
+        })
     }
 
     /// Create (or truncate) a file for writing: `open(path, O_CREAT|O_TRUNC|O_RDWR)`.
@@ -2132,57 +2220,69 @@ impl Volume {
     /// drop_caches` does for one file), so the next read comes from the device.
     /// Returns false, changing nothing, while the file is open.
     pub fn drop_cache(&self, path: &str) -> FsResult<bool> {
-        let (ino, m) = {
+        self.vol.faulting(|| {
+            let (ino, m) = {
+                let st = self.vol.st.lock();
+                let ino = self.vol.resolve(&st, path, true)?;
+                if st.live.get(&ino).is_some_and(|l| l.open > 0) {
+                    return Ok(false);
+                }
+                (ino, self.vol.mapping(&st, ino)?)
+            };
+            self.vol
+                .fsync_ino(ino, &m, false, &Mutex::new(m.wb_err().sample()))?;
             let st = self.vol.st.lock();
-            let ino = self.vol.resolve(&st, path, true)?;
-            if st.live.get(&ino).is_some_and(|l| l.open > 0) {
+            if st.live.get(&ino).is_some_and(|l| l.open > 0) || m.nr_dirty() > 0 {
                 return Ok(false);
             }
-            (ino, self.vol.mapping(&st, ino)?)
-        };
-        self.vol
-            .fsync_ino(ino, &m, false, &Mutex::new(m.wb_err().sample()))?;
-        let st = self.vol.st.lock();
-        if st.live.get(&ino).is_some_and(|l| l.open > 0) || m.nr_dirty() > 0 {
-            return Ok(false);
-        }
-        self.vol.icache.lock().remove(&ino);
-        self.vol.bdi.forget_inode(ino);
-        // Only the cache copy goes: the next use builds a new mapping from disk.
-        m.set_size(0);
-        Ok(true)
+            self.vol.icache.lock().remove(&ino);
+            self.vol.bdi.forget_inode(ino);
+            // Only the cache copy goes: the next use builds a new mapping from disk.
+            m.set_size(0);
+            Ok(true)
+        })
     }
 
     /// The page-cache mapping of the file at `path` (for tests and tools that need
     /// the cache's own view, e.g. its legacy error bit).
     pub fn mapping_of(&self, path: &str) -> FsResult<Arc<Mapping>> {
-        let st = self.vol.st.lock();
-        let ino = self.vol.resolve(&st, path, true)?;
-        self.vol.mapping(&st, ino)
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let ino = self.vol.resolve(&st, path, true)?;
+            self.vol.mapping(&st, ino)
+        })
     }
 
     /// FIEMAP: the file's journaled extents as (file block, device block, blocks).
     /// Blocks still being written (or only reserved) are not listed.
     pub fn fiemap(&self, path: &str) -> FsResult<Vec<(u64, u64, u64)>> {
-        let st = self.vol.st.lock();
-        let ino = self.vol.resolve(&st, path, true)?;
-        Ok(st
-            .inode(ino)?
-            .extents
-            .iter()
-            .map(|(&f, &(s, l))| (f, s, l))
-            .collect())
+        self.vol.faulting(|| {
+            let st = self.vol.st.lock();
+            let ino = self.vol.resolve(&st, path, true)?;
+            Ok(st
+                .inode(ino)?
+                .extents
+                .iter()
+                .map(|(&f, &(s, l))| (f, s, l))
+                .collect())
+        })
     }
 
     /// Check the in-memory metadata against every invariant fsck checks (for tests and
     /// `wbstack fsck` of a live volume); empty when consistent.
     pub fn check(&self) -> Vec<String> {
-        let mut st = self.vol.st.lock();
-        // A walk of every inode: those not in memory are read back first.
-        if let Err(e) = st.meta.load_all() {
-            return vec![format!("reading the inodes back: {e}")];
+        // A walk of every inode: those not in memory are read back first (a prune may
+        // drop some again before `st` is taken: then once more).
+        for _ in 0..FAULT_RETRIES {
+            if let Err(e) = self.vol.read_back(None) {
+                return vec![format!("reading the inodes back: {e}")];
+            }
+            let mut st = self.vol.st.lock();
+            if st.meta.resident_inodes().len() as u64 == st.meta.nr_inodes() {
+                return st.meta.check();
+            }
         }
-        st.meta.check()
+        vec!["inodes kept leaving memory while they were read back for the check".into()]
     }
 }
 
