@@ -1141,10 +1141,10 @@ fn the_workload_takes_the_journaled_data_path_and_cuts_pass() {
     assert_eq!(off.journal_data_fsyncs, 0);
 }
 
-/// Format 4 (the metadata tree, written copy-on-write at checkpoints): power cuts with
+/// Format 5 (the metadata tree, written copy-on-write at checkpoints): power cuts with
 /// checkpoints in flight lose nothing fsynced, expose no garbage, and recover clean.
 #[test]
-fn power_cuts_on_format_4_lose_nothing_promised() {
+fn power_cuts_on_the_metadata_tree_lose_nothing_promised() {
     let out = wbstack(&[
         "crashtest",
         "--cuts",
@@ -1154,7 +1154,7 @@ fn power_cuts_on_format_4_lose_nothing_promised() {
         "--seed",
         "700",
         "-o",
-        "format=4",
+        "format=5",
         "--save-dir",
         std::env::temp_dir().to_str().unwrap(),
         "--json",

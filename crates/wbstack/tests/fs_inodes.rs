@@ -1,4 +1,4 @@
-//! Metadata on demand (issue 16): on a format 4 volume an inode not in use and unchanged
+//! Metadata on demand (issue 16): on a format 5 volume an inode not in use and unchanged
 //! since the durable checkpoint leaves memory past `inode_cache`, and comes back from
 //! the metadata tree exactly as it was; a deleted one never comes back.
 
@@ -76,7 +76,7 @@ fn prune_until(v: &Volume, paths: &[String], bound: u64) -> usize {
 fn clean_inodes_leave_memory_and_come_back_as_they_were() {
     let q = queue("sim:ssd,size=256M");
     let mk = MkfsOptions {
-        format: Some(4),
+        format: Some(5),
         ..Default::default()
     };
     Volume::mkfs(&q, &mk).unwrap();

@@ -600,12 +600,12 @@ fn fresh_format(spec: &str, format: u32) -> (Arc<RequestQueue>, Volume) {
     (q, v)
 }
 
-/// Format 4 keeps the metadata in a copy-on-write tree: a namespace of every kind
+/// Format 5 keeps the metadata in a copy-on-write tree: a namespace of every kind
 /// survives unmount, remount and a power cut after fsync, and fsck finds it clean.
 #[test]
-fn format_4_keeps_the_namespace_across_remounts_and_power_cuts() {
-    let (q, v) = fresh_format("sim:ssd,size=64M", 4);
-    assert_eq!(v.superblock().version, 4);
+fn the_metadata_tree_keeps_the_namespace_across_remounts_and_power_cuts() {
+    let (q, v) = fresh_format("sim:ssd,size=64M", 5);
+    assert_eq!(v.superblock().version, 5);
     v.mkdir("/d", 0o755).unwrap();
     for i in 0..300 {
         write_file(&v, &format!("/d/f{i}"), &pattern(i, 100 + i as usize * 7));
@@ -629,10 +629,10 @@ fn format_4_keeps_the_namespace_across_remounts_and_power_cuts() {
 }
 
 /// A checkpoint writes what changed: after one small change to a volume of 3000 files,
-/// format 4's checkpoint writes a few tree nodes where format 3 writes the whole
+/// format 5's checkpoint writes a few tree nodes where format 3 writes the whole
 /// metadata again.
 #[test]
-fn a_format_4_checkpoint_writes_what_changed() {
+fn a_tree_checkpoint_writes_what_changed() {
     let written = |format: u32| {
         let (q, v) = fresh_format("sim:ssd,size=128M", format);
         for i in 0..3000 {
@@ -645,11 +645,11 @@ fn a_format_4_checkpoint_writes_what_changed() {
         v.unmount().unwrap();
         (q.diskstats().sectors[1] - before) * 512
     };
-    let (v3, v4) = (written(3), written(4));
-    eprintln!("the last unmount's writes: format 3 {v3} bytes, format 4 {v4} bytes");
+    let (v3, v5) = (written(3), written(5));
+    eprintln!("the last unmount's writes: format 3 {v3} bytes, format 5 {v5} bytes");
     assert!(
-        v4 * 4 < v3,
-        "the last unmount wrote {v4} bytes in format 4, {v3} in format 3"
+        v5 * 4 < v3,
+        "the last unmount wrote {v5} bytes in format 5, {v3} in format 3"
     );
 }
 
@@ -659,10 +659,10 @@ fn mkfs_refuses_an_unknown_format() {
     let e = Volume::mkfs(
         &q,
         &MkfsOptions {
-            format: Some(5),
+            format: Some(4),
             ..MkfsOptions::default()
         },
     )
     .unwrap_err();
-    assert!(e.to_string().contains("format 5"), "{e}");
+    assert!(e.to_string().contains("format 4"), "{e}");
 }

@@ -17,13 +17,14 @@
 //!    (under `st`) the inode cache reads back from the new root (`DurableTree`), and
 //!    may drop the inodes whose changes it holds (`fs::inodes`).
 
+use super::alloc::FreeSpace;
 use super::btree::store::DeviceStore;
 use super::btree::{Root, Tree, TreeError};
 use super::error::{FsError, FsResult};
 use super::format::Checkpoint;
 use super::inodes::{InodeSource, Read};
 use super::meta::{Meta, MetaError};
-use super::metatree::{self, Captured};
+use super::metatree::{self, Captured, RootRecord, SpaceRecord};
 use crate::block::RequestQueue;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -95,6 +96,8 @@ pub(super) struct TreeWrite {
     pub root: Option<Root>,
     pub freed: Vec<u64>,
     pub bytes: u64,
+    /// The blocks the written nodes took.
+    pub new: Vec<u64>,
 }
 
 fn tree_err(e: TreeError) -> FsError {
@@ -146,6 +149,28 @@ impl MetaTree {
         })
     }
 
+    /// What mount needs of a format 5 tree, without reading it whole
+    /// (`metatree::load_lazy`).
+    pub fn load_lazy(
+        &self,
+        space: &SpaceRecord,
+        data_start: u64,
+        nr_blocks: u64,
+    ) -> FsResult<Meta> {
+        metatree::load_lazy(
+            &self.tree,
+            &*self.store,
+            self.durable.fs_id,
+            space,
+            data_start,
+            nr_blocks,
+        )
+        .map_err(|e| match e {
+            metatree::LoadError::Tree(t) => tree_err(t),
+            metatree::LoadError::Meta(m) => FsError::Corrupt(m.0),
+        })
+    }
+
     /// Apply the captured changes, write the dirty nodes to blocks `alloc(goal, n)`
     /// gives (all at once, near the last ones), and return the new root and the blocks
     /// of the nodes it replaced.
@@ -176,6 +201,7 @@ impl MetaTree {
         if let Some(&last) = blocks.iter().max() {
             self.cursor = last + 1;
         }
+        let new = blocks.clone();
         blocks.reverse();
         // Sent a batch at a time as they are encoded: a checkpoint's nodes are held
         // once (in memory as nodes, or as bytes in flight), not in every form at once.
@@ -204,6 +230,7 @@ impl MetaTree {
             root: w.root,
             freed: w.freed,
             bytes: (w.nodes * NODE_SIZE) as u64,
+            new,
         })
     }
 
@@ -226,17 +253,59 @@ impl MetaTree {
     }
 }
 
-/// The checkpoint record of a tree write: its root, as checkpoint `seq` of
-/// transaction `tid` (the journal starts over after it).
-pub(super) fn root_record(fs_id: u64, seq: u64, tid: u64, root: Option<Root>) -> Vec<u8> {
-    Checkpoint {
+/// The checkpoint record of tree write `w`: its root, as checkpoint `seq` of
+/// transaction `tid` (the journal starts over after it), and from format 5 the space
+/// of the state it holds. `space` was taken with the changes, when the nodes of the
+/// tree before were in use and this write's were not: it is brought to the new tree
+/// (its nodes taken, the nodes they replaced free).
+pub(super) fn root_record(
+    fs_id: u64,
+    seq: u64,
+    tid: u64,
+    w: &TreeWrite,
+    space: Option<SpaceRecord>,
+    data: std::ops::Range<u64>,
+) -> FsResult<Vec<u8>> {
+    Ok(Checkpoint {
         fs_id,
         seq,
         tid,
         journal_pos: 0,
-        image: metatree::encode_root(root),
+        image: root_image(seq, w, space, data)?,
     }
-    .encode()
+    .encode())
+}
+
+/// `root_record`'s image: the root record alone.
+pub(super) fn root_image(
+    seq: u64,
+    w: &TreeWrite,
+    space: Option<SpaceRecord>,
+    data: std::ops::Range<u64>,
+) -> FsResult<Vec<u8>> {
+    let space = match space {
+        None => None,
+        Some(s) => {
+            let bad = |e: super::alloc::AllocError| {
+                FsError::Corrupt(format!("the free space of checkpoint {seq}: {e}"))
+            };
+            let mut free = FreeSpace::from_extents(data.start, data.end, s.free).map_err(bad)?;
+            for &b in &w.new {
+                free.alloc_exact(b, 1).map_err(bad)?;
+            }
+            for &b in &w.freed {
+                free.free(b, 1).map_err(bad)?;
+            }
+            Some(SpaceRecord {
+                nr_inodes: s.nr_inodes,
+                free: free.extents().collect(),
+            })
+        }
+    };
+    Ok(metatree::encode_root(&RootRecord {
+        root: w.root,
+        space,
+    }))
 }
 
 /// Blocks kept from writes for tree nodes: a journal's worth (a checkpoint's dirty
@@ -255,24 +324,12 @@ pub(super) fn alloc_nodes(meta: &mut Meta, goal: u64, n: usize) -> FsResult<Vec<
         .alloc_meta(n as u64, goal)
         .map_err(|_| FsError::NoSpace)?;
     let blocks: Vec<u64> = ext.iter().flat_map(|&(s, l)| s..s + l).collect();
-    for &b in &blocks {
-        let fresh = meta.tree_blocks.insert(b);
-        debug_assert!(fresh, "tree block {b} handed out twice");
-    }
+    meta.nodes_taken(&blocks)
+        .map_err(|e| FsError::Corrupt(e.0))?;
     Ok(blocks)
 }
 
 /// Give the blocks of replaced nodes back (their new root is durable).
 fn free_nodes(meta: &mut Meta, blocks: &[u64]) -> FsResult<()> {
-    for &b in blocks {
-        if !meta.tree_blocks.remove(&b) {
-            return Err(FsError::Corrupt(format!(
-                "tree block {b} freed but not in use by the tree"
-            )));
-        }
-        meta.alloc
-            .free(b, 1)
-            .map_err(|e| FsError::Corrupt(e.to_string()))?;
-    }
-    Ok(())
+    meta.nodes_freed(blocks).map_err(|e| FsError::Corrupt(e.0))
 }

@@ -9,15 +9,20 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const SB_MAGIC: u64 = u64::from_le_bytes(*b"WBSTACK1");
 /// Version 2 added device nodes, FIFOs and sockets (their kinds and `rdev`) and
 /// extended attributes; version 3 journaled data blocks (`Record::DataBlock`,
-/// `Record::Revoke`). Older images are read and upgraded at mount.
-pub const FORMAT_VERSION: u32 = 4;
+/// `Record::Revoke`); version 4 the metadata tree; version 5 a tree mount need not
+/// read whole (a directory's parent and subdirectory count in its inode record, the
+/// inode count and the free space in the checkpoint record). Older images are read and
+/// upgraded at mount.
+pub const FORMAT_VERSION: u32 = 5;
 /// What mkfs writes unless asked, and what an older image becomes at its first mount:
-/// the whole-metadata checkpoint. Version 4 (the metadata tree, `fs::checkpoint`) is
+/// the whole-metadata checkpoint. The metadata tree (`fs::checkpoint`, version 5) is
 /// opt-in (`MkfsOptions::format`) until its checkpoints are as cheap as version 3's at a
 /// million new files.
 pub const DEFAULT_VERSION: u32 = 3;
 /// The first version whose checkpoint is the metadata tree.
 pub const TREE_VERSION: u32 = 4;
+/// The tree version mkfs writes and a version 4 image becomes at its first mount.
+pub const LAZY_VERSION: u32 = 5;
 /// The oldest version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 pub const TXN_MAGIC: u32 = u32::from_le_bytes(*b"TXN1");

@@ -61,6 +61,7 @@ pub fn fsck(q: &Arc<RequestQueue>) -> FsckReport {
     if let Some(e) = l.replay_error.take() {
         r.problems.push(e);
     }
+    r.problems.append(&mut l.record_problems);
     r.problems.extend(l.meta.check());
     let all = l.meta.resident_inodes();
     r.inodes = all.len() as u64;

@@ -227,14 +227,24 @@ fn ckpt_props(buf: &[u8]) -> Outcome {
 }
 
 fn metadata_image(img: &[u8]) -> Outcome {
-    // Format 4: a root record (the tree's nodes are not in this input; the `image`
-    // target and the tree's own property tests cover them). Older formats: the whole
-    // metadata image, still read when an older image is upgraded.
-    if img.starts_with(b"WBRT") {
+    // Formats 4 and 5: a root record (the tree's nodes are not in this input; the
+    // `image` target and the tree's own property tests cover them), format 5's with
+    // the inode count and free space, checked as mount reads them. Older formats: the
+    // whole metadata image, still read when an older image is upgraded.
+    if img.starts_with(b"WBRT") || img.starts_with(b"WBR2") {
         return match super::metatree::decode_root(img) {
             Ok(root) => {
+                if let Some(space) = &root.space {
+                    if let Err(e) = super::alloc::FreeSpace::from_extents(
+                        SEED_DATA_START,
+                        SEED_BLOCKS,
+                        space.free.iter().copied(),
+                    ) {
+                        return Outcome::Refused(format!("the record's free space: {e}"));
+                    }
+                }
                 assert_eq!(
-                    super::metatree::decode_root(&super::metatree::encode_root(root)).ok(),
+                    super::metatree::decode_root(&super::metatree::encode_root(&root)).ok(),
                     Some(root),
                     "a decoded root record does not survive encoding"
                 );

@@ -16,11 +16,11 @@
 //! is stamped with the checkpoint generation it goes out with (`changed`); a checkpoint
 //! closes a generation when it captures its changes (`close_gen`) and makes it durable
 //! when its root record is (`durable`). A deleted inode keeps its stamp too, so it is not
-//! read back from a tree that still holds it. Directories are never dropped: a
-//! directory's parent and subdirectory count are derived at load from the entries that
-//! name it, which a single inode's read cannot see.
+//! read back from a tree that still holds it. A directory comes back with its entries,
+//! its parent and its subdirectory count (format 5 records them in its inode record);
+//! only the root stays.
 
-use super::meta::{Inode, MetaError};
+use super::meta::{Inode, MetaError, ROOT_INO};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -33,8 +33,7 @@ pub trait InodeSource: Send + Sync {
     /// These inodes as the last durable checkpoint holds them (absent: not there).
     fn read_inodes(&self, inos: &[u64]) -> Read;
 
-    /// Every inode the last durable checkpoint holds but directories (which are in
-    /// memory anyway).
+    /// Every inode the last durable checkpoint holds.
     fn read_all(&self) -> Read;
 }
 
@@ -162,8 +161,7 @@ impl Inodes {
         // Not lazy: all are here. Changed since the durable checkpoint and not in
         // memory: deleted (a changed inode is never dropped), though the durable tree
         // may still hold it.
-        if self.source.is_none() || self.changed.contains_key(&ino) || self.absent.contains(&ino)
-        {
+        if self.source.is_none() || self.changed.contains_key(&ino) || self.absent.contains(&ino) {
             return Ok(None);
         }
         self.misses.borrow_mut().push(ino);
@@ -222,11 +220,6 @@ impl Inodes {
         for (ino, i) in found {
             if self.changed.contains_key(&ino) || self.map.contains_key(&ino) {
                 continue;
-            }
-            if i.is_dir() {
-                return Err(MetaError(format!(
-                    "directory {ino} was not in memory (directories are never dropped)"
-                )));
             }
             self.faults += 1;
             self.order.push_back(ino);
@@ -300,10 +293,10 @@ impl Inodes {
         while map.len() > keep && examined < budget {
             let Some(ino) = order.pop_front() else { break };
             examined += 1;
-            let Some(i) = map.get(&ino) else {
+            if !map.contains_key(&ino) {
                 continue; // deleted since it came in
-            };
-            if i.is_dir() || self.changed.contains_key(&ino) || pinned(ino) {
+            }
+            if ino == ROOT_INO || self.changed.contains_key(&ino) || pinned(ino) {
                 kept.push(ino);
                 continue;
             }

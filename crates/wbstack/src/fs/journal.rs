@@ -15,13 +15,13 @@
 //! one a crash would need: the newest valid checkpoint and the journal after it stay
 //! intact until the new checkpoint is durable.
 
-use super::checkpoint::{alloc_nodes, meta_reserve, root_record, MetaTree};
+use super::checkpoint::{alloc_nodes, meta_reserve, root_image, root_record, MetaTree};
 use super::error::{FsError, FsResult};
 use super::format::{
-    Checkpoint, FormatError, Record, Superblock, Txn, BLOCK_SIZE, DEFAULT_VERSION, SB_BLOCKS,
-    TREE_VERSION,
+    Checkpoint, FormatError, Record, Superblock, Txn, BLOCK_SIZE, DEFAULT_VERSION, LAZY_VERSION,
+    SB_BLOCKS, TREE_VERSION,
 };
-use super::meta::{ApplyMode, Meta};
+use super::meta::{ApplyMode, Meta, MetaError};
 use super::metatree;
 use super::volume::{Aops, JState, MountOptions, State, Vol, Volume};
 use crate::block::{BioFlags, RequestQueue};
@@ -101,21 +101,23 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
     let mut sb = Superblock::layout(nr, fs_id, now).map_err(FsError::Format)?;
     sb.version = match o.format {
         None => DEFAULT_VERSION,
-        Some(v @ (DEFAULT_VERSION | TREE_VERSION)) => v,
+        Some(v @ (DEFAULT_VERSION | LAZY_VERSION)) => v,
         Some(v) => {
             return Err(FsError::Invalid(format!(
-                "format {v}: mkfs writes format {DEFAULT_VERSION} or {TREE_VERSION}"
+                "format {v}: mkfs writes format {DEFAULT_VERSION} or {LAZY_VERSION}"
             )))
         }
     };
     let mut meta = Meta::mkfs(sb.data_start, nr, now, fs_id);
     let image = if sb.version >= TREE_VERSION {
         meta.alloc.set_meta_reserve(meta_reserve(sb.journal_blocks));
+        meta.keep_view();
         let mut mt = MetaTree::open(q.clone(), fs_id, sb.data_start..nr, None)?;
         let changes = metatree::all_changes(&mut meta);
-        let all = metatree::capture(&meta, changes);
+        let mut all = metatree::capture(&meta, changes);
+        let space = all.space.take();
         let w = mt.write(all, 1, &mut |goal, n| alloc_nodes(&mut meta, goal, n))?;
-        metatree::encode_root(w.root)
+        root_image(1, &w, space, sb.data_start..nr)?
     } else {
         meta.encode_image()
     };
@@ -168,6 +170,41 @@ pub struct Loaded {
     pub jdata: BTreeMap<u64, Vec<u8>>,
     /// The metadata tree the checkpoint points at (format 4; none before).
     pub(super) tree: Option<MetaTree>,
+    /// Inodes are read on demand (a format 5 mount): none was checked.
+    pub lazy: bool,
+    /// Where the checkpoint record disagrees with the tree it records (fsck).
+    pub record_problems: Vec<String>,
+}
+
+/// Where a format 5 checkpoint record's inode count and free space disagree with the
+/// metadata read whole from its tree.
+fn space_disagrees(m: &Meta, space: &metatree::SpaceRecord) -> Vec<String> {
+    let mut p = Vec::new();
+    if m.nr_inodes() != space.nr_inodes {
+        p.push(format!(
+            "the record counts {} inodes, the tree holds {}",
+            space.nr_inodes,
+            m.nr_inodes()
+        ));
+    }
+    let derived: Vec<(u64, u64)> = m.alloc.space().extents().collect();
+    if derived != space.free {
+        let first = derived
+            .iter()
+            .zip(&space.free)
+            .find(|(a, b)| a != b)
+            .map_or_else(
+                || "their extent counts".to_string(),
+                |(a, b)| format!("free extent {}+{} against {}+{}", b.0, b.1, a.0, a.1),
+            );
+        p.push(format!(
+            "the record's free space ({} extents) is not the data area less the tree's \
+             extents and nodes ({} extents): first difference at {first}",
+            space.free.len(),
+            derived.len()
+        ));
+    }
+    p
 }
 
 /// Read the superblock (either copy), the newest valid checkpoint and replay the
@@ -273,17 +310,43 @@ pub fn load_after_superblock(
     // A bad slot is normal after a crash during a checkpoint write; report it for fsck.
     warnings.extend(slot_errs);
     let data = sb.data_start..sb.nr_blocks;
+    let mut lazy = false;
+    let mut record_problems = Vec::new();
     let (mut meta, tree) = if sb.version >= TREE_VERSION {
-        let root = metatree::decode_root(&ckpt.image)
-            .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
-        let tree = MetaTree::open(q.clone(), sb.fs_id, data, root)
-            .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
-        let mut meta = tree
-            .load(sb.fs_id, sb.data_start, sb.nr_blocks)
-            .map_err(|e| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq)))?;
+        let corrupt =
+            |e: &dyn std::fmt::Display| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq));
+        let rec = metatree::decode_root(&ckpt.image).map_err(|e| corrupt(&e))?;
+        let tree = MetaTree::open(q.clone(), sb.fs_id, data, rec.root).map_err(|e| corrupt(&e))?;
+        let mut meta = match &rec.space {
+            // Mount of format 5: nothing read whole.
+            Some(space) if strict => {
+                lazy = true;
+                tree.load_lazy(space, sb.data_start, sb.nr_blocks)
+                    .map_err(|e| corrupt(&e))?
+            }
+            // fsck (or format 4): every node and inode, and the record checked
+            // against what they say.
+            _ => {
+                let m = tree
+                    .load(sb.fs_id, sb.data_start, sb.nr_blocks)
+                    .map_err(|e| corrupt(&e))?;
+                if let Some(space) = &rec.space {
+                    record_problems.extend(
+                        space_disagrees(&m, space)
+                            .into_iter()
+                            .map(|p| format!("checkpoint {}: {p}", ckpt.seq)),
+                    );
+                }
+                m
+            }
+        };
         // What replay changes goes into the tree at mount's checkpoint.
         meta.track_changes(true);
         meta.alloc.set_meta_reserve(meta_reserve(sb.journal_blocks));
+        meta.keep_view();
+        if lazy {
+            meta.set_source(tree.source());
+        }
         (meta, Some(tree))
     } else {
         let meta = Meta::decode_image(&ckpt.image, sb.data_start, sb.nr_blocks, sb.fs_id)
@@ -305,6 +368,8 @@ pub fn load_after_superblock(
         replay_error: r.error,
         jdata: r.jdata,
         tree,
+        lazy,
+        record_problems,
     })
 }
 
@@ -321,12 +386,12 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountChe
     }
     let orphans: Vec<u64> = l.meta.orphans.iter().copied().collect();
     for ino in &orphans {
-        l.meta
-            .apply(
-                &super::format::Record::Delete { ino: *ino },
-                ApplyMode::Replay,
-            )
-            .map_err(|e| format!("orphan {ino}: {e}"))?;
+        apply_at_mount(
+            &mut l.meta,
+            &super::format::Record::Delete { ino: *ino },
+            ApplyMode::Replay,
+        )
+        .map_err(|e| format!("orphan {ino}: {e}"))?;
     }
     let Some(tree) = l.tree.as_mut() else {
         let slot = 1 - l.ckpt_slot;
@@ -349,12 +414,18 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountChe
     };
     // The changes go into the tree now (reads only: writing is mount's), so what
     // cannot go in is found by fsck too.
-    let changes = l.meta.take_changes();
+    let mut changes = l.meta.take_changes();
+    if l.sb.version < LAZY_VERSION {
+        // A format 4 tree, read whole: every inode rewritten in format 5's record
+        // (with its parent and subdirectory count), once.
+        changes.append(metatree::all_changes(&mut l.meta));
+    }
     let gen = changes.gen;
-    let captured = metatree::capture(&l.meta, changes);
+    let mut captured = metatree::capture(&l.meta, changes);
+    let space = captured.space.take();
     metatree::apply_captured(&mut tree.tree, &*tree.store, captured)
         .map_err(|e| format!("the metadata tree: {e}"))?;
-    Ok((orphans, Some(MountCheckpoint::Tree { gen })))
+    Ok((orphans, Some(MountCheckpoint::Tree { gen, space })))
 }
 
 /// What mount's checkpoint writes (`prepare_mount`).
@@ -363,7 +434,10 @@ pub(super) enum MountCheckpoint {
     Image(Vec<u8>),
     /// The tree's dirty nodes, then its root record (format 4), holding the inode
     /// cache's generation `gen`.
-    Tree { gen: u64 },
+    Tree {
+        gen: u64,
+        space: Option<metatree::SpaceRecord>,
+    },
 }
 
 /// Whether mount must write a checkpoint: only when the state differs from the newest
@@ -375,7 +449,34 @@ fn needs_checkpoint(l: &Loaded) -> bool {
     l.txns_replayed > 0
         || !l.meta.orphans.is_empty()
         || !l.jdata.is_empty()
-        || l.sb.version < DEFAULT_VERSION
+        || l.sb.version < upgraded_version(&l.sb)
+}
+
+/// The version an image is at after its mount: a tree's, format 5; a whole-metadata
+/// image's, format 3.
+fn upgraded_version(sb: &Superblock) -> u32 {
+    if sb.version >= TREE_VERSION {
+        LAZY_VERSION
+    } else {
+        DEFAULT_VERSION
+    }
+}
+
+/// Apply `rec` at mount (replay, orphans), reading back the inodes it needs first on a
+/// volume whose inodes are read on demand: mount runs alone, so it reads them itself.
+fn apply_at_mount(meta: &mut Meta, rec: &Record, mode: ApplyMode) -> Result<(), MetaError> {
+    meta.take_misses();
+    loop {
+        let r = meta.apply(rec, mode);
+        let missed = meta.take_misses();
+        let (Err(_), false, Some(src)) = (&r, missed.is_empty(), meta.source()) else {
+            return r;
+        };
+        // Each round installs what it missed (or finds it gone): it ends.
+        if !meta.install(src.read_inodes(&missed), Some(&missed))? {
+            return Err(MetaError("the durable root moved during mount".into()));
+        }
+    }
 }
 
 /// What replay found.
@@ -446,7 +547,7 @@ fn replay(
         // applied.
         let mut txn_data: Vec<(u64, Option<&Vec<u8>>)> = Vec::new();
         for (k, rec) in txn.records.iter().enumerate() {
-            let applied = meta.apply(rec, ApplyMode::Replay);
+            let applied = apply_at_mount(meta, rec, ApplyMode::Replay);
             match (rec, &applied) {
                 (Record::DataBlock { block, data }, Ok(())) => txn_data.push((*block, Some(data))),
                 (Record::Revoke { block }, Ok(())) => txn_data.push((*block, None)),
@@ -502,7 +603,9 @@ impl Volume {
     /// starts empty), start the committer and the flusher.
     pub fn mount(q: Arc<RequestQueue>, opts: MountOptions) -> FsResult<Volume> {
         let mut l = load(&q, true)?;
-        let problems = l.meta.check();
+        // A volume whose inodes are read on demand is not read whole at mount: each
+        // record is checked as it is decoded, the whole by fsck.
+        let problems = if l.lazy { Vec::new() } else { l.meta.check() };
         if let Some(first) = problems.first() {
             return Err(FsError::Corrupt(format!(
                 "{first} ({} problem(s) in all)",
@@ -521,11 +624,12 @@ impl Volume {
             let seq = l.ckpt_seq + 1;
             let (enc, written) = match (ckpt, l.tree.as_mut()) {
                 (MountCheckpoint::Image(enc), _) => (enc, None),
-                (MountCheckpoint::Tree { gen }, Some(tree)) => {
+                (MountCheckpoint::Tree { gen, space }, Some(tree)) => {
                     let meta = &mut l.meta;
                     let w = tree.write_nodes(seq, &mut |goal, n| alloc_nodes(meta, goal, n))?;
+                    let data = l.sb.data_start..l.sb.nr_blocks;
                     (
-                        root_record(l.sb.fs_id, seq, l.last_tid, w.root),
+                        root_record(l.sb.fs_id, seq, l.last_tid, &w, space, data)?,
                         Some((w, gen)),
                     )
                 }
@@ -546,15 +650,15 @@ impl Volume {
             (l.ckpt_slot, l.ckpt_seq, l.ckpt_journal_pos)
         };
         l.meta.take_changes();
-        if let Some(t) = &l.tree {
+        if let (Some(t), false) = (&l.tree, l.lazy) {
             // From now on inodes not in use may be dropped, and are read back from the
             // tree: everything in memory is in it.
             l.meta.set_source(t.source());
         }
-        if l.sb.version < DEFAULT_VERSION {
+        if l.sb.version < upgraded_version(&l.sb) {
             // An older image: from now on it may hold what only this version reads, so
             // an older binary must meet a version error, not a puzzling record.
-            l.sb.version = DEFAULT_VERSION;
+            l.sb.version = upgraded_version(&l.sb);
             let enc = l.sb.encode();
             for b in SB_BLOCKS {
                 q.write_sync(
@@ -1040,7 +1144,7 @@ impl Vol {
     /// Steps 2 to 4 of a checkpoint (`fs::checkpoint`); returns the bytes written.
     fn write_checkpoint(
         &self,
-        changes: metatree::Captured,
+        mut changes: metatree::Captured,
         tid: u64,
         slot: usize,
         seq: u64,
@@ -1052,10 +1156,12 @@ impl Vol {
             return Err(FsError::Corrupt("a tree checkpoint without a tree".into()));
         };
         let gen = changes.gen;
+        let space = changes.space.take();
         let w = mt.write(changes, seq, &mut |goal, n| {
             alloc_nodes(&mut self.st.lock().meta, goal, n)
         })?;
-        let enc = root_record(self.sb.fs_id, seq, tid, w.root);
+        let data = self.sb.data_start..self.sb.nr_blocks;
+        let enc = root_record(self.sb.fs_id, seq, tid, &w, space, data)?;
         self.q.write_sync(
             sector(self.sb.checkpoint[slot].0),
             IoBuf::from_slice(&enc),

@@ -16,6 +16,7 @@ use super::dir::{name_hash, Dir};
 use super::extents::ExtentMap;
 use super::format::{FormatError, InodeKind, Reader, Record, Writer, BLOCK_SIZE};
 use super::inodes::{InodeSource, Inodes, MetaCacheStats, Read};
+use super::metatree::SpaceRecord;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -186,16 +187,44 @@ pub struct Meta {
     /// Encoded size of the checkpoint image less its free extents, kept up to date so an
     /// operation that would make it outgrow its slot is refused up front instead of
     /// jamming the journal.
-    image_bytes: u64,
+    image_bytes: ImageBytes,
     /// What `apply` changed since `take_changes`, when tracked (`track_changes`): what
     /// an incremental checkpoint writes into the metadata tree (`fs::metatree`).
     changes: Option<Box<Changes>>,
     /// Blocks the metadata tree's durable nodes take (format 4): used, like extents,
-    /// by "inode 0".
+    /// by "inode 0". Unknown (empty, not kept) on a volume mounted without reading the
+    /// tree whole (`tree_blocks_known`).
     pub tree_blocks: BTreeSet<u64>,
+    pub tree_blocks_known: bool,
+    /// Format 5: the free space of the state this metadata describes (the data area
+    /// less every extent and every durable node of the tree), which a checkpoint
+    /// records so mount need not derive it from every extent. The allocator's map
+    /// differs: blocks of writes in flight are taken there and free here, and frees
+    /// wait there for their transaction's commit.
+    view: Option<FreeSpace>,
     /// The seed of directory entries' name hashes (the volume's fs_id): their order and
     /// readdir cookies, and the metadata tree's dirent keys.
     pub name_seed: u64,
+}
+
+/// The encoded size of the whole-metadata image less its free extents (formats up to
+/// 3, whose checkpoint slot bounds it); not kept (None) for a volume whose inodes are
+/// read on demand, which has no such image and does not know every inode's size.
+#[derive(Clone, Copy, Debug)]
+struct ImageBytes(Option<u64>);
+
+impl ImageBytes {
+    fn add(&mut self, n: u64) {
+        if let Some(b) = &mut self.0 {
+            *b += n;
+        }
+    }
+
+    fn sub(&mut self, n: u64) {
+        if let Some(b) = &mut self.0 {
+            *b -= n;
+        }
+    }
 }
 
 /// The keys of the durable state that records changed: each names a piece of metadata
@@ -224,6 +253,17 @@ pub struct Changes {
 }
 
 impl Changes {
+    /// Add `o`'s keys to these.
+    pub fn append(&mut self, mut o: Changes) {
+        self.inodes.append(&mut o.inodes);
+        self.extents.append(&mut o.extents);
+        self.dirents.append(&mut o.dirents);
+        self.targets.append(&mut o.targets);
+        self.xattrs.append(&mut o.xattrs);
+        self.orphans.append(&mut o.orphans);
+        self.deleted.append(&mut o.deleted);
+    }
+
     pub fn is_empty(&self) -> bool {
         *self
             == Changes {
@@ -254,7 +294,7 @@ impl Meta {
             BTreeSet::new(),
             name_seed,
         );
-        m.image_bytes = m.image_bytes_without_free();
+        m.image_bytes = ImageBytes(Some(m.image_bytes_without_free()));
         m
     }
 
@@ -304,9 +344,11 @@ impl Meta {
             next_ino,
             orphans,
             alloc: Allocator::new(space),
-            image_bytes: 0,
+            image_bytes: ImageBytes(Some(0)),
             changes: None,
             tree_blocks,
+            tree_blocks_known: true,
+            view: None,
             name_seed,
         }
     }
@@ -318,7 +360,7 @@ impl Meta {
     /// The size of the checkpoint image this state encodes to (exact but for the count
     /// of free extents, which the allocator's map approximates).
     pub fn image_bytes(&self) -> u64 {
-        self.image_bytes + self.free_bytes()
+        self.image_bytes.0.unwrap_or(0) + self.free_bytes()
     }
 
     /// Inode `ino` (read back from the metadata tree if it is not in memory).
@@ -401,6 +443,49 @@ impl Meta {
         self.inodes.stats()
     }
 
+    /// From now on keep the free space of the described state (`view`), starting from
+    /// the allocator's map, which is that space when nothing is in flight (mkfs, and
+    /// a mount before replay).
+    pub fn keep_view(&mut self) {
+        self.view = Some(self.alloc.space().clone());
+    }
+
+    /// What a format 5 checkpoint records of this state (none before format 5).
+    pub fn space_record(&self) -> Option<SpaceRecord> {
+        self.view.as_ref().map(|v| SpaceRecord {
+            nr_inodes: self.nr_inodes,
+            free: v.extents().collect(),
+        })
+    }
+
+    /// Tree nodes took `blocks` (`checkpoint::alloc_nodes`).
+    pub(super) fn nodes_taken(&mut self, blocks: &[u64]) -> Result<(), MetaError> {
+        for &b in blocks {
+            if self.tree_blocks_known {
+                let fresh = self.tree_blocks.insert(b);
+                debug_assert!(fresh, "tree block {b} handed out twice");
+            }
+            if let Some(v) = &mut self.view {
+                v.alloc_exact(b, 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Tree nodes gave `blocks` back (their new root is durable).
+    pub(super) fn nodes_freed(&mut self, blocks: &[u64]) -> Result<(), MetaError> {
+        for &b in blocks {
+            if self.tree_blocks_known && !self.tree_blocks.remove(&b) {
+                return bad(format!("tree block {b} freed but not in use by the tree"));
+            }
+            if let Some(v) = &mut self.view {
+                v.free(b, 1)?;
+            }
+            self.alloc.free(b, 1)?;
+        }
+        Ok(())
+    }
+
     /// The inodes asked for but not in memory since the last call (`fs::inodes`).
     pub fn take_misses(&mut self) -> Vec<u64> {
         self.inodes.take_misses()
@@ -453,6 +538,8 @@ impl Meta {
                     c.inodes.push(*ino);
                 }
                 Record::Link { parent, name, ino } | Record::Unlink { parent, name, ino } => {
+                    // The parent's record holds its subdirectory count.
+                    c.inodes.push(*parent);
                     c.inodes.push(*ino);
                     c.dirents.push((*parent, name.clone()));
                 }
@@ -516,7 +603,7 @@ impl Meta {
                     .insert(*ino, Box::new(Inode::new(*kind, *m, *uid, *gid, *time_ns)));
                 self.nr_inodes += 1;
                 self.next_ino = self.next_ino.max(next);
-                self.image_bytes += INODE_FIXED_BYTES;
+                self.image_bytes.add(INODE_FIXED_BYTES);
             }
             Record::Link { parent, name, ino } => {
                 let child_is_dir = self.get(*ino)?.is_dir();
@@ -548,7 +635,7 @@ impl Meta {
                 if child_is_dir {
                     c.parent = *parent;
                 }
-                self.image_bytes += ENTRY_FIXED_BYTES + name.len() as u64;
+                self.image_bytes.add(ENTRY_FIXED_BYTES + name.len() as u64);
             }
             Record::Unlink { parent, name, ino } => {
                 let p = self.get(*parent)?;
@@ -571,7 +658,7 @@ impl Meta {
                 if c.is_dir() {
                     c.parent = 0;
                 }
-                self.image_bytes -= ENTRY_FIXED_BYTES + name.len() as u64;
+                self.image_bytes.sub(ENTRY_FIXED_BYTES + name.len() as u64);
             }
             Record::SetSize { ino, size } => {
                 self.get_mut(*ino)?.size = *size;
@@ -609,7 +696,7 @@ impl Meta {
                 }
                 i.size = *size;
                 let removed = freed.len() as u64 - u64::from(kept_tail.is_some());
-                self.image_bytes -= removed * EXTENT_BYTES;
+                self.image_bytes.sub(removed * EXTENT_BYTES);
             }
             Record::SetAttr {
                 ino,
@@ -652,6 +739,9 @@ impl Meta {
                 if mode == ApplyMode::Replay {
                     self.alloc.alloc_exact(start, len)?;
                 }
+                if let Some(v) = &mut self.view {
+                    v.alloc_exact(start, len)?;
+                }
                 let i = self.get_mut(ino)?;
                 let mut f0 = fb;
                 let mut s0 = start;
@@ -675,7 +765,8 @@ impl Meta {
                     }
                 }
                 i.extents.insert(f0, (s0, l0));
-                self.image_bytes = self.image_bytes + EXTENT_BYTES - merged * EXTENT_BYTES;
+                self.image_bytes.add(EXTENT_BYTES);
+                self.image_bytes.sub(merged * EXTENT_BYTES);
                 // The merged run's key, and the keys of the runs it swallowed.
                 self.note_extent(ino, f0);
                 self.note_extent(ino, fb);
@@ -688,14 +779,15 @@ impl Meta {
                 }
                 let old = i.target.len() as u64;
                 i.target = target.clone();
-                self.image_bytes = self.image_bytes + target.len() as u64 - old;
+                self.image_bytes.add(target.len() as u64);
+                self.image_bytes.sub(old);
             }
             Record::Orphan { ino } => {
                 if self.get(*ino)?.links != 0 {
                     return bad(format!("orphan inode {ino} still has names"));
                 }
                 self.orphans.insert(*ino);
-                self.image_bytes += 8;
+                self.image_bytes.add(8);
             }
             Record::Delete { ino } => {
                 let i = self.get(*ino)?;
@@ -712,9 +804,10 @@ impl Meta {
                 debug_assert!(gone.is_some(), "inode {ino} was read for its delete");
                 self.nr_inodes -= 1;
                 if self.orphans.remove(ino) {
-                    self.image_bytes -= 8;
+                    self.image_bytes.sub(8);
                 }
-                self.image_bytes -= INODE_FIXED_BYTES + ext.len() as u64 * EXTENT_BYTES + target;
+                self.image_bytes
+                    .sub(INODE_FIXED_BYTES + ext.len() as u64 * EXTENT_BYTES + target);
             }
             Record::SetRdev { ino, rdev } => {
                 let i = self.get_mut(*ino)?;
@@ -724,7 +817,8 @@ impl Meta {
                 let old = i.extra_bytes();
                 i.rdev = *rdev;
                 let new = i.extra_bytes();
-                self.image_bytes = self.image_bytes + new - old;
+                self.image_bytes.add(new);
+                self.image_bytes.sub(old);
             }
             Record::SetXattr { ino, name, value } => {
                 let i = self.get_mut(*ino)?;
@@ -737,7 +831,8 @@ impl Meta {
                 let old = i.extra_bytes();
                 i.xattrs.insert(name.clone(), value.clone());
                 let new = i.extra_bytes();
-                self.image_bytes = self.image_bytes + new - old;
+                self.image_bytes.add(new);
+                self.image_bytes.sub(old);
             }
             Record::RemoveXattr { ino, name } => {
                 let i = self.get_mut(*ino)?;
@@ -746,7 +841,8 @@ impl Meta {
                     return bad(format!("inode {ino} has no extended attribute to remove"));
                 }
                 let new = i.extra_bytes();
-                self.image_bytes = self.image_bytes + new - old;
+                self.image_bytes.add(new);
+                self.image_bytes.sub(old);
             }
             // Data, not metadata: replay (journal.rs) writes it home; here only its
             // place is checked, so an image can never send it outside the data area.
@@ -769,6 +865,9 @@ impl Meta {
         mode: ApplyMode,
     ) -> Result<(), MetaError> {
         for (s, l) in runs {
+            if let Some(v) = &mut self.view {
+                v.free(s, l)?;
+            }
             match mode {
                 ApplyMode::Replay => self.alloc.free(s, l)?,
                 ApplyMode::Live { tid } => self.alloc.free_deferred(tid, s, l)?,
@@ -815,7 +914,9 @@ impl Meta {
 
     /// The image a checkpoint stores: next_ino, the inodes, the orphans, the free map.
     pub fn encode_image(&mut self) -> Vec<u8> {
-        let mut w = Writer(Vec::with_capacity(self.image_bytes as usize + 64));
+        let mut w = Writer(Vec::with_capacity(
+            self.image_bytes.0.unwrap_or(0) as usize + 64,
+        ));
         let free = self.durable_free();
         let inodes = &*self.inodes.all_resident();
         w.u64(self.next_ino);
@@ -984,8 +1085,33 @@ impl Meta {
         }
         let space = FreeSpace::from_extents(data_start, nr_blocks, free)?;
         let mut m = Meta::with_space(inodes, next_ino, orphans, space, BTreeSet::new(), name_seed);
-        m.image_bytes = buf.len() as u64 - nf * FREE_EXTENT_BYTES + if v1 { 8 } else { 0 };
+        m.image_bytes = ImageBytes(Some(
+            buf.len() as u64 - nf * FREE_EXTENT_BYTES + if v1 { 8 } else { 0 },
+        ));
         Ok(m)
+    }
+
+    /// A format 5 volume's metadata at mount, no inode read yet (`fs::metatree::
+    /// load_lazy`): every inode is read back on demand, once a source is set.
+    pub(super) fn lazy(
+        next_ino: u64,
+        nr_inodes: u64,
+        orphans: BTreeSet<u64>,
+        free: FreeSpace,
+        name_seed: u64,
+    ) -> Meta {
+        let mut m = Meta::with_space(
+            HashMap::new(),
+            next_ino,
+            orphans,
+            free,
+            BTreeSet::new(),
+            name_seed,
+        );
+        m.nr_inodes = nr_inodes;
+        m.tree_blocks_known = false;
+        m.image_bytes = ImageBytes(None);
+        m
     }
 
     /// The metadata from its parts as the tree holds them (`fs::metatree::load`):
@@ -1034,7 +1160,7 @@ impl Meta {
             used.iter().copied().collect(),
             name_seed,
         );
-        m.image_bytes = m.image_bytes_without_free();
+        m.image_bytes = ImageBytes(Some(m.image_bytes_without_free()));
         Ok(m)
     }
 
@@ -1043,6 +1169,18 @@ impl Meta {
     /// Every invariant of the durable state, as a list of problems in plain words
     /// (empty when the filesystem is consistent). Orphans are not problems: mount
     /// deletes them.
+    /// `check` of a volume mounted without reading its tree whole, which does not keep
+    /// the tree's node blocks: `nodes` are they (a walk of the tree).
+    pub fn check_with_nodes(&mut self, nodes: &[u64]) -> Vec<String> {
+        debug_assert!(!self.tree_blocks_known);
+        self.tree_blocks = nodes.iter().copied().collect();
+        self.tree_blocks_known = true;
+        let p = self.check();
+        self.tree_blocks = BTreeSet::new();
+        self.tree_blocks_known = false;
+        p
+    }
+
     pub fn check(&mut self) -> Vec<String> {
         let mut p = Vec::new();
         let first = self.alloc.space().first_data_block();

@@ -19,6 +19,7 @@
 //!
 //! Values are little-endian, like the rest of the format. Every decoder is total.
 
+use super::alloc::FreeSpace;
 use super::btree::{ChildPtr, NodeStore, Root, Tree, TreeError, TreeResult};
 use super::format::{InodeKind, XATTR_SIZE_MAX};
 use super::meta::{valid_name, Changes, Inode, Meta, MetaError, ROOT_INO, TARGET_MAX};
@@ -112,6 +113,10 @@ fn encode_core(i: &Inode) -> [u8; CORE_BYTES] {
         put(&x.to_le_bytes());
     }
     put(&i.rdev.to_le_bytes());
+    // Format 5: a directory's parent and subdirectory count, which a directory read
+    // back alone could not derive from the entries naming it.
+    put(&i.parent.to_le_bytes());
+    put(&i.subdirs.to_le_bytes());
     debug_assert_eq!(at, CORE_BYTES);
     v
 }
@@ -146,7 +151,9 @@ pub fn ops(meta: &Meta, ch: Changes) -> Vec<TreeOp> {
 }
 
 /// Bytes of an inode's own fields as the tree holds them (`encode_core`).
-const CORE_BYTES: usize = 1 + 4 * 4 + 8 * 4 + 4;
+const CORE_BYTES: usize = CORE_BYTES_V4 + 8 + 4;
+/// Format 4's record, without parent and subdirectory count.
+const CORE_BYTES_V4: usize = 1 + 4 * 4 + 8 * 4 + 4;
 
 /// A changed piece of metadata and its value now (none: it is gone).
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -177,6 +184,8 @@ struct XattrAt {
 pub struct Captured {
     /// The inode cache's generation (`Changes::gen`).
     pub gen: u64,
+    /// What a format 5 root record holds of the state (`Meta::space_record`).
+    pub space: Option<SpaceRecord>,
     next_ino: u64,
     deleted: Vec<u64>,
     inodes: Vec<Now<u64, [u8; CORE_BYTES]>>,
@@ -208,6 +217,7 @@ pub fn capture(meta: &Meta, mut ch: Changes) -> Captured {
     let live = |ino: u64| meta.resident(ino);
     Captured {
         gen: ch.gen,
+        space: meta.space_record(),
         next_ino: meta.next_ino,
         deleted: ch.deleted,
         inodes: ch
@@ -658,7 +668,7 @@ fn decode_core(ino: u64, v: &[u8]) -> Result<Inode, LoadError> {
         .ok_or_else(|| corrupt(format!("inode {ino}: an empty record")))?;
     let kind = InodeKind::from_u8(kind)
         .map_err(|_| corrupt(format!("inode {ino} has unknown kind {kind}")))?;
-    if v.len() != CORE_BYTES {
+    if v.len() != CORE_BYTES && v.len() != CORE_BYTES_V4 {
         return Err(corrupt(format!(
             "inode {ino}: a record of {} bytes",
             v.len()
@@ -673,6 +683,10 @@ fn decode_core(ino: u64, v: &[u8]) -> Result<Inode, LoadError> {
     i.mtime_ns = g(33);
     i.ctime_ns = g(41);
     i.rdev = f(49);
+    if v.len() == CORE_BYTES {
+        i.parent = g(53);
+        i.subdirs = f(61);
+    }
     Ok(i)
 }
 
@@ -691,13 +705,69 @@ pub fn load(
         .next_ino
         .ok_or_else(|| corrupt("no filesystem record".into()))?;
     let orphans = std::mem::take(&mut parts.orphans);
-    let inodes = parts.into_inodes(seed)?;
+    let mut inodes = parts.into_inodes(seed)?;
     if !inodes.contains_key(&ROOT_INO) {
         return Err(corrupt("the root directory is missing".into()));
     }
-    Ok(Meta::assemble(
-        inodes, next_ino, orphans, used, data_start, nr_blocks, seed,
-    )?)
+    // Format 5 records each directory's parent and subdirectory count, which the
+    // entries naming it say too: derived again here, they must agree.
+    let stored: Vec<(u64, u64, u32)> = inodes
+        .iter_mut()
+        .filter(|(_, i)| i.is_dir() && (i.parent, i.subdirs) != (0, 0))
+        .map(|(&ino, i)| {
+            let s = (ino, i.parent, i.subdirs);
+            (i.parent, i.subdirs) = (0, 0);
+            s
+        })
+        .collect();
+    let meta = Meta::assemble(inodes, next_ino, orphans, used, data_start, nr_blocks, seed)?;
+    for (ino, parent, subdirs) in stored {
+        let i = meta.resident(ino).expect("loaded");
+        if (i.parent, i.subdirs) != (parent, subdirs) {
+            return Err(corrupt(format!(
+                "directory {ino} records parent {parent} and {subdirs} subdirectories, but \
+                 its entries say parent {} and {}",
+                i.parent, i.subdirs
+            )));
+        }
+    }
+    Ok(meta)
+}
+
+/// What mount needs of a format 5 tree, read without reading it whole: the next inode
+/// number, the orphans, and (from the root record) the inode count and free space.
+/// Inodes are read on demand (`fs::inodes`).
+pub fn load_lazy(
+    tree: &Tree,
+    store: &dyn NodeStore,
+    seed: u64,
+    space: &SpaceRecord,
+    data_start: u64,
+    nr_blocks: u64,
+) -> Result<Meta, LoadError> {
+    let fs = tree.get(store, &[FS_RECORD])?;
+    let next_ino = fs
+        .as_deref()
+        .and_then(|v| le64(v, 0).filter(|_| v.len() == 8))
+        .ok_or_else(|| corrupt("no filesystem record, or a bad one".into()))?;
+    let from = [ORPHAN_SPACE];
+    let to = [ORPHAN_SPACE + 1];
+    let parts = Parts::scan(
+        tree,
+        store,
+        seed,
+        Bound::Included(&from[..]),
+        Bound::Excluded(&to[..]),
+    )?;
+    let free = FreeSpace::from_extents(data_start, nr_blocks, space.free.iter().copied())
+        .map_err(|e| corrupt(format!("the checkpoint's free space: {e}")))?;
+    Ok(Meta::lazy(
+        next_ino,
+        space.nr_inodes,
+        parts.orphans,
+        free,
+        seed,
+    ))
 }
 
 /// One inode as the tree holds it (none: not there). A directory's parent and
@@ -726,7 +796,7 @@ pub fn load_inode(
     Ok(inodes.remove(&ino).map(|b| *b))
 }
 
-/// Every inode the tree holds but directories, as `load_inode` reads each.
+/// Every inode the tree holds, as `load_inode` reads each.
 pub fn load_files(
     tree: &Tree,
     store: &dyn NodeStore,
@@ -744,17 +814,40 @@ pub fn load_files(
     Ok(parts
         .into_inodes(seed)?
         .into_iter()
-        .filter(|(_, i)| !i.is_dir())
         .map(|(ino, i)| (ino, *i))
         .collect())
 }
 
 const ROOT_MAGIC: u32 = 0x5452_4257; // "WBRT"
+/// Format 5's record: the root, then what mount needs without reading the tree whole.
+const ROOT2_MAGIC: u32 = 0x3252_4257; // "WBR2"
 
-/// A format-4 checkpoint's image: where the tree's root is (none: an empty tree).
-pub fn encode_root(root: Option<Root>) -> Vec<u8> {
-    let mut v = ROOT_MAGIC.to_le_bytes().to_vec();
-    match root {
+/// A tree checkpoint's record in its slot: where the tree's root is (none: an empty
+/// tree), and from format 5 what mount needs without reading every inode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootRecord {
+    pub root: Option<Root>,
+    /// None: format 4 (mount reads the tree whole and derives these).
+    pub space: Option<SpaceRecord>,
+}
+
+/// The state the tree holds, summed up: its inode count and its free space (the data
+/// area less every extent and every node of the tree).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpaceRecord {
+    pub nr_inodes: u64,
+    pub free: Vec<(u64, u64)>,
+}
+
+/// A checkpoint slot's image of a tree checkpoint (`RootRecord`).
+pub fn encode_root(r: &RootRecord) -> Vec<u8> {
+    let magic = if r.space.is_some() {
+        ROOT2_MAGIC
+    } else {
+        ROOT_MAGIC
+    };
+    let mut v = magic.to_le_bytes().to_vec();
+    match r.root {
         None => v.push(0),
         Some(r) => {
             v.push(1);
@@ -764,24 +857,64 @@ pub fn encode_root(root: Option<Root>) -> Vec<u8> {
             v.push(r.level);
         }
     }
+    if let Some(s) = &r.space {
+        v.extend_from_slice(&s.nr_inodes.to_le_bytes());
+        v.extend_from_slice(&(s.free.len() as u64).to_le_bytes());
+        for (start, len) in &s.free {
+            v.extend_from_slice(&start.to_le_bytes());
+            v.extend_from_slice(&len.to_le_bytes());
+        }
+    }
     v
 }
 
-pub fn decode_root(b: &[u8]) -> Result<Option<Root>, MetaError> {
+pub fn decode_root(b: &[u8]) -> Result<RootRecord, MetaError> {
     let bad = |m: &str| MetaError(format!("checkpoint root record: {m}"));
-    if le32(b, 0) != Some(ROOT_MAGIC) {
-        return Err(bad("not a tree root record"));
+    let v2 = match le32(b, 0) {
+        Some(ROOT_MAGIC) => false,
+        Some(ROOT2_MAGIC) => true,
+        _ => return Err(bad("not a tree root record")),
+    };
+    let (root, at) = match b.get(4) {
+        Some(0) => (None, 5),
+        Some(1) if b.len() >= 26 => (
+            Some(Root {
+                ptr: ChildPtr {
+                    block: le64(b, 5).expect("26 bytes"),
+                    crc: le32(b, 13).expect("26 bytes"),
+                    seq: le64(b, 17).expect("26 bytes"),
+                },
+                level: b[25],
+            }),
+            26,
+        ),
+        _ => return Err(bad("a bad root flag or a short record")),
+    };
+    if !v2 {
+        if b.len() != at {
+            return Err(bad("a record of the wrong length"));
+        }
+        return Ok(RootRecord { root, space: None });
     }
-    match (b.get(4), b.len()) {
-        (Some(0), 5) => Ok(None),
-        (Some(1), 26) => Ok(Some(Root {
-            ptr: ChildPtr {
-                block: le64(b, 5).expect("26 bytes"),
-                crc: le32(b, 13).expect("26 bytes"),
-                seq: le64(b, 17).expect("26 bytes"),
-            },
-            level: b[25],
-        })),
-        _ => Err(bad("a record of the wrong length")),
+    let (Some(nr_inodes), Some(n)) = (le64(b, at), le64(b, at + 8)) else {
+        return Err(bad("a short record"));
+    };
+    // Bounded by the bytes that hold them before anything is allocated.
+    let rest = (b.len() - (at + 16).min(b.len())) as u64;
+    if n.checked_mul(16) != Some(rest) {
+        return Err(bad(&format!("{n} free extents in {rest} bytes")));
     }
+    let free = (0..n as usize)
+        .map(|k| {
+            let o = at + 16 + 16 * k;
+            (
+                le64(b, o).expect("counted"),
+                le64(b, o + 8).expect("counted"),
+            )
+        })
+        .collect();
+    Ok(RootRecord {
+        root,
+        space: Some(SpaceRecord { nr_inodes, free }),
+    })
 }

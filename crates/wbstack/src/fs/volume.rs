@@ -164,11 +164,12 @@ impl MountOptions {
             }
             "format" => {
                 let v = u32::try_from(num()?).map_err(|e| bad(e.to_string()))?;
-                if !(super::format::DEFAULT_VERSION..=super::format::TREE_VERSION).contains(&v) {
+                if v != super::format::DEFAULT_VERSION && v != super::format::LAZY_VERSION {
                     return Err(bad(format!(
-                        "a new volume is format {} or {}",
+                        "a new volume is format {} (the whole-metadata image) or {} (the \
+                         metadata tree)",
                         super::format::DEFAULT_VERSION,
-                        super::format::TREE_VERSION
+                        super::format::LAZY_VERSION
                     )));
                 }
                 self.format = Some(v);
@@ -1971,26 +1972,28 @@ impl Volume {
 
     /// mkdir -p: every missing directory of `path`, in one walk.
     pub fn mkdir_all(&self, path: &str, mode: u32) -> FsResult<()> {
-        let mut st = self.vol.st.lock();
-        let mut cur = ROOT_INO;
-        let mut budget = MAX_SYMLINKS;
-        for c in components(path) {
-            cur = match st.lookup(cur, c) {
-                Ok(ino) => {
-                    let ino = self.vol.follow(&st, cur, ino, &mut budget, path)?;
-                    if !st.inode(ino)?.is_dir() {
-                        return Err(FsError::NotDir(path.to_string()));
+        self.vol.faulting(|| {
+            let mut st = self.vol.st.lock();
+            let mut cur = ROOT_INO;
+            let mut budget = MAX_SYMLINKS;
+            for c in components(path) {
+                cur = match st.lookup(cur, c) {
+                    Ok(ino) => {
+                        let ino = self.vol.follow(&st, cur, ino, &mut budget, path)?;
+                        if !st.inode(ino)?.is_dir() {
+                            return Err(FsError::NotDir(path.to_string()));
+                        }
+                        ino
                     }
-                    ino
-                }
-                Err(FsError::NotFound(_)) => {
-                    self.vol
-                        .create_node(&mut st, cur, c, InodeKind::Dir, mode, None)?
-                }
-                Err(e) => return Err(e),
-            };
-        }
-        Ok(())
+                    Err(FsError::NotFound(_)) => {
+                        self.vol
+                            .create_node(&mut st, cur, c, InodeKind::Dir, mode, None)?
+                    }
+                    Err(e) => return Err(e),
+                };
+            }
+            Ok(())
+        })
     }
 
     pub fn symlink(&self, target: &str, path: &str) -> FsResult<u64> {
@@ -2271,6 +2274,14 @@ impl Volume {
     /// Check the in-memory metadata against every invariant fsck checks (for tests and
     /// `wbstack fsck` of a live volume); empty when consistent.
     pub fn check(&self) -> Vec<String> {
+        // No checkpoint meanwhile (the tree's lock comes before `st`): the tree's nodes
+        // and the durable root stay as they are.
+        let tree = self.vol.tree.lock();
+        let nodes = match tree.as_ref().map(|t| t.tree.check(&*t.store)) {
+            Some(Ok(blocks)) => Some(blocks),
+            Some(Err(e)) => return vec![format!("the metadata tree: {e}")],
+            None => None,
+        };
         // A walk of every inode: those not in memory are read back first (a prune may
         // drop some again before `st` is taken: then once more).
         for _ in 0..FAULT_RETRIES {
@@ -2279,7 +2290,10 @@ impl Volume {
             }
             let mut st = self.vol.st.lock();
             if st.meta.resident_inodes().len() as u64 == st.meta.nr_inodes() {
-                return st.meta.check();
+                return match &nodes {
+                    Some(b) if !st.meta.tree_blocks_known => st.meta.check_with_nodes(b),
+                    _ => st.meta.check(),
+                };
             }
         }
         vec!["inodes kept leaving memory while they were read back for the check".into()]
