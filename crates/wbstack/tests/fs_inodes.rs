@@ -30,7 +30,9 @@ struct Seen {
 }
 
 fn look(v: &Volume, path: &str) -> Seen {
-    let stat = v.lstat(path).unwrap();
+    let mut stat = v.lstat(path).unwrap();
+    // Looking reads, and a read may move atime.
+    stat.atime_ns = 0;
     let target = v.readlink(path).ok();
     let data = if target.is_none() {
         let f = v.open(path, &wbstack::fs::OpenOptions::read()).unwrap();
@@ -175,4 +177,180 @@ fn clean_inodes_leave_memory_and_come_back_as_they_were() {
     v.unmount().unwrap();
     let r = wbstack::fs::fsck::fsck(&q);
     assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+fn mkfs5(spec: &str) -> Arc<RequestQueue> {
+    let q = queue(spec);
+    let mk = MkfsOptions {
+        format: Some(5),
+        ..Default::default()
+    };
+    Volume::mkfs(&q, &mk).unwrap();
+    q
+}
+
+/// `n` files of a few hundred bytes in each of two directories, one symlink and one
+/// attribute per directory; their paths.
+fn populate(v: &Volume, n: usize) -> Vec<String> {
+    let mut paths = Vec::new();
+    for d in ["/a", "/b"] {
+        v.mkdir(d, 0o755).unwrap();
+        for i in 0..n {
+            let p = format!("{d}/f{i}");
+            let f = v.create(&p).unwrap();
+            f.write_at(0, &vec![i as u8; 100 + i % 500]).unwrap();
+            f.close().unwrap();
+            paths.push(p);
+        }
+        let l = format!("{d}/link");
+        v.symlink("f0", &l).unwrap();
+        paths.push(l);
+        let ino = v.stat(&format!("{d}/f1")).unwrap().ino;
+        v.setxattr_as(
+            &Cred::root(),
+            ino,
+            b"user.k",
+            d.as_bytes(),
+            XattrMode::Create,
+        )
+        .unwrap();
+    }
+    paths
+}
+
+/// Device reads a mount of a volume of `n` files per directory takes.
+fn mount_reads(n: usize) -> (u64, Volume, Vec<String>, BTreeMap<String, Seen>) {
+    let q = mkfs5("sim:ssd,size=256M");
+    let v = mount(&q);
+    let paths = populate(&v, n);
+    let before = look_all(&v, &paths);
+    v.unmount().unwrap();
+    let r0 = q.diskstats().ios[0];
+    let v = mount(&q);
+    let reads = q.diskstats().ios[0] - r0;
+    (reads, v, paths, before)
+}
+
+/// A format 5 mount reads the root record, the filesystem record and the orphans, not
+/// the tree: its reads do not grow with the files, no inode is in memory after it, and
+/// every inode comes back on its first use.
+#[test]
+fn a_format_5_mount_reads_only_what_it_needs() {
+    let (small, v, _, _) = mount_reads(20);
+    v.unmount().unwrap();
+    let (large, v, paths, before) = mount_reads(1500);
+    eprintln!("mount reads: {small} for 40 files, {large} for 3000");
+    assert!(
+        large <= small + 2 && large <= 16,
+        "a mount read {small} times for 40 files and {large} times for 3000"
+    );
+    let s = v.inode_cache_stats();
+    assert_eq!(s.inodes_resident, 0, "{s:?}");
+    assert_eq!(v.statfs().files, 3000 + 2 + 2 + 1);
+    assert_eq!(look_all(&v, &paths), before);
+    assert!(v.inode_cache_stats().inodes_read_back >= 3000);
+    assert!(v.check().is_empty(), "{:?}", v.check());
+    let q = v.queue().clone();
+    v.unmount().unwrap();
+    let r = wbstack::fs::fsck::fsck(&q);
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+/// A crash leaves transactions in the journal: mount replays them into inodes it reads
+/// back as their records name them, and everything fsynced is there.
+#[test]
+fn a_crash_replays_into_inodes_read_on_demand() {
+    let q = mkfs5("sim:ssd,size=256M");
+    let v = mount(&q);
+    let mut paths = populate(&v, 200);
+    v.checkpoint().unwrap();
+    // After the checkpoint: a rewrite, a truncation, a rename, an unlink, a new file,
+    // a mode change and a directory moved, each committed.
+    let f = v
+        .open("/a/f3", &wbstack::fs::OpenOptions::read_write())
+        .unwrap();
+    f.write_at(0, b"rewritten").unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+    let f = v
+        .open("/a/f4", &wbstack::fs::OpenOptions::read_write())
+        .unwrap();
+    f.set_len(1).unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+    v.rename("/a/f5", "/b/moved").unwrap();
+    v.unlink("/b/f6").unwrap();
+    let f = v.create("/b/new").unwrap();
+    f.write_at(0, b"new").unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+    v.set_attr(
+        "/a/f7",
+        &wbstack::fs::SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    v.mkdir("/a/sub", 0o755).unwrap();
+    v.rename("/a/sub", "/b/sub").unwrap();
+    v.commit_now().unwrap();
+    paths.retain(|p| !["/a/f5", "/b/f6"].contains(&p.as_str()));
+    paths.extend(["/b/moved".to_string(), "/b/new".to_string()]);
+    let before = look_all(&v, &paths);
+    common::sim(&q).power_cut(false);
+    v.crash();
+    common::sim(&q).reboot();
+
+    let v = mount(&q);
+    assert!(v.inode_cache_stats().inodes_resident <= 40);
+    assert_eq!(look_all(&v, &paths), before);
+    assert_eq!(v.stat("/b/sub").unwrap().nlink, 2);
+    assert_eq!(v.stat("/b").unwrap().nlink, 3);
+    assert!(v.check().is_empty(), "{:?}", v.check());
+    v.unmount().unwrap();
+    let r = wbstack::fs::fsck::fsck(&q);
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+/// Inodes read back for an operation stay in memory until it ran again, however hard
+/// other threads prune (a cache of none: every prune drops every clean inode).
+#[test]
+fn reads_back_survive_concurrent_prunes() {
+    let q = mkfs5("sim:ssd,size=256M");
+    let mut o: MountOptions = quiet();
+    o.inode_cache = 0;
+    let v = Volume::mount(q.clone(), o).unwrap();
+    let paths = populate(&v, 100);
+    v.checkpoint().unwrap();
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = AtomicBool::new(false);
+    let churned = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                v.create("/a/churn").unwrap().close().unwrap();
+                churned.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let t0 = std::time::Instant::now();
+        while churned.load(Ordering::Relaxed) == 0 {
+            assert!(t0.elapsed().as_secs() < 10, "the churn never ran");
+            std::thread::yield_now();
+        }
+        // Rounds while the churn prunes, until it has pruned a thousand times over.
+        let mut rounds = 0;
+        while churned.load(Ordering::Relaxed) < 1000 || rounds < 5 {
+            for p in &paths {
+                v.lstat(p)
+                    .unwrap_or_else(|e| panic!("round {rounds}: stat {p}: {e}"));
+            }
+            rounds += 1;
+            assert!(rounds < 100_000, "the churn stalled");
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let s = v.inode_cache_stats();
+    assert!(s.inodes_read_back > 0 && s.inodes_dropped > 0, "{s:?}");
+    v.unmount().unwrap();
 }

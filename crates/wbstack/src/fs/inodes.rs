@@ -71,6 +71,10 @@ pub struct Inodes {
     order: VecDeque<u64>,
     /// Inodes asked for but not in memory, since the last `take_misses`.
     misses: RefCell<Vec<u64>>,
+    /// Inodes read back for an operation that runs again (`Vol::faulting`), kept in
+    /// memory until it has (counts: operations nest). Else prunes elsewhere could drop
+    /// them again before the rerun, every time.
+    pins: HashMap<u64, u32>,
     /// Inodes read back and not found (deleted, or never made): numbers are never
     /// used twice, so they stay gone. Forgotten past `ABSENT_MAX`, to be read again.
     absent: HashSet<u64>,
@@ -97,6 +101,7 @@ impl Clone for Inodes {
             order: self.order.clone(),
             misses: self.misses.clone(),
             absent: self.absent.clone(),
+            pins: self.pins.clone(),
             changed: self.changed.clone(),
             gen: self.gen,
             durable_gen: self.durable_gen,
@@ -126,6 +131,7 @@ impl Inodes {
             order: VecDeque::new(),
             misses: RefCell::new(Vec::new()),
             absent: HashSet::new(),
+            pins: HashMap::new(),
             changed: HashMap::new(),
             gen: 1,
             durable_gen: 0,
@@ -175,6 +181,26 @@ impl Inodes {
         }
         self.note_changed(ino);
         Ok(self.map.get_mut(&ino).map(|b| &mut **b))
+    }
+
+    /// Keep `inos` in memory until `unpin`.
+    pub fn pin(&mut self, inos: &[u64]) {
+        for &ino in inos {
+            *self.pins.entry(ino).or_default() += 1;
+        }
+    }
+
+    pub fn unpin(&mut self, inos: &[u64]) {
+        for ino in inos {
+            let Some(n) = self.pins.get_mut(ino) else {
+                debug_assert!(false, "inode {ino} unpinned but not pinned");
+                continue;
+            };
+            *n -= 1;
+            if *n == 0 {
+                self.pins.remove(ino);
+            }
+        }
     }
 
     /// The inodes missed since the last call, once each.
@@ -296,7 +322,11 @@ impl Inodes {
             if !map.contains_key(&ino) {
                 continue; // deleted since it came in
             }
-            if ino == ROOT_INO || self.changed.contains_key(&ino) || pinned(ino) {
+            if ino == ROOT_INO
+                || self.changed.contains_key(&ino)
+                || self.pins.contains_key(&ino)
+                || pinned(ino)
+            {
                 kept.push(ino);
                 continue;
             }

@@ -504,6 +504,15 @@ impl Meta {
         self.inodes.source()
     }
 
+    /// Keep `inos` in memory until `unpin` (an operation about to run again).
+    pub fn pin(&mut self, inos: &[u64]) {
+        self.inodes.pin(inos);
+    }
+
+    pub fn unpin(&mut self, inos: &[u64]) {
+        self.inodes.unpin(inos);
+    }
+
     /// Install inodes read back; false if the durable root moved on since the read.
     pub fn install(&mut self, read: Read, asked: Option<&[u64]>) -> Result<bool, MetaError> {
         self.inodes.install(read, asked)

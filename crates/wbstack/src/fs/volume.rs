@@ -1250,23 +1250,41 @@ impl Vol {
     /// (`fs::inodes`), read them back without `st` and run it again.
     pub(super) fn faulting<R>(&self, mut op: impl FnMut() -> FsResult<R>) -> FsResult<R> {
         let mut tries = 0;
-        loop {
+        // What was read back stays in memory until the operation ran again.
+        let mut pinned: Vec<u64> = Vec::new();
+        let r = loop {
             let r = op();
             if r.is_ok() {
-                return r;
+                break r;
             }
             let misses = self.st.lock().meta.take_misses();
             if misses.is_empty() || tries == FAULT_RETRIES {
-                return r;
+                break r;
             }
             tries += 1;
-            self.read_back(Some(&misses))?;
+            if let Err(e) = self.read_back(Some(&misses), true) {
+                pinned.extend(misses);
+                break Err(e);
+            }
+            pinned.extend(misses);
+        };
+        if !pinned.is_empty() {
+            self.st.lock().meta.unpin(&pinned);
         }
+        r
     }
 
-    /// Read inodes back into memory (every one for None), without `st`.
-    pub(super) fn read_back(&self, inos: Option<&[u64]>) -> FsResult<()> {
-        let Some(src) = self.st.lock().meta.source() else {
+    /// Read inodes back into memory (every one for None), without `st`; with `pin`,
+    /// kept there until `Meta::unpin`.
+    pub(super) fn read_back(&self, inos: Option<&[u64]>, pin: bool) -> FsResult<()> {
+        let src = {
+            let mut st = self.st.lock();
+            if let (true, Some(i)) = (pin, inos) {
+                st.meta.pin(i);
+            }
+            st.meta.source()
+        };
+        let Some(src) = src else {
             return Ok(());
         };
         loop {
@@ -2285,7 +2303,7 @@ impl Volume {
         // A walk of every inode: those not in memory are read back first (a prune may
         // drop some again before `st` is taken: then once more).
         for _ in 0..FAULT_RETRIES {
-            if let Err(e) = self.vol.read_back(None) {
+            if let Err(e) = self.vol.read_back(None, false) {
                 return vec![format!("reading the inodes back: {e}")];
             }
             let mut st = self.vol.st.lock();
