@@ -314,7 +314,8 @@ fn a_crash_replays_into_inodes_read_on_demand() {
 }
 
 /// Inodes read back for an operation stay in memory until it ran again, however hard
-/// other threads prune (a cache of none: every prune drops every clean inode).
+/// other threads prune (a cache of none: every prune drops every clean inode), and
+/// whatever other threads' operations miss or fail on meanwhile.
 #[test]
 fn reads_back_survive_concurrent_prunes() {
     let q = mkfs5("sim:ssd,size=256M");
@@ -331,6 +332,13 @@ fn reads_back_survive_concurrent_prunes() {
             while !stop.load(Ordering::Relaxed) {
                 v.create("/a/churn").unwrap().close().unwrap();
                 churned.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        // Failing operations and listings elsewhere: a thread's misses are its own.
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                assert!(matches!(v.mkdir("/a", 0o755), Err(FsError::Exists(_))));
+                assert_eq!(v.readdir("/b").unwrap().len(), 101);
             }
         });
         let t0 = std::time::Instant::now();

@@ -10,7 +10,7 @@
 //! back without `st` (`InodeSource`), installs them (`install`) and runs the operation
 //! again. Every operation reads its inodes before it changes anything, so a rerun
 //! repeats nothing. Misses are noted through `&Meta` (a lookup, a stat, the checks of
-//! `Meta::apply` all read through it), hence the `RefCell`.
+//! `Meta::apply` all read through it), per thread (`MISSES`).
 //!
 //! What may be dropped: an inode whose every change is in a durable checkpoint. A change
 //! is stamped with the checkpoint generation it goes out with (`changed`); a checkpoint
@@ -56,6 +56,13 @@ pub struct MetaCacheStats {
     pub changed: u64,
 }
 
+thread_local! {
+    /// The inodes this thread asked for and found not in memory since its last
+    /// `take_misses`: per thread, as each operation reads back its own (another's
+    /// failing operation must not take them).
+    static MISSES: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Numbers of inodes found gone remembered, at most.
 const ABSENT_MAX: usize = 65536;
 
@@ -69,8 +76,6 @@ pub struct Inodes {
     /// Inodes that came into memory (created or read back), oldest first: the order
     /// clean ones are dropped in. May name inodes gone since; eviction skips them.
     order: VecDeque<u64>,
-    /// Inodes asked for but not in memory, since the last `take_misses`.
-    misses: RefCell<Vec<u64>>,
     /// Inodes read back for an operation that runs again (`Vol::faulting`), kept in
     /// memory until it has (counts: operations nest). Else prunes elsewhere could drop
     /// them again before the rerun, every time.
@@ -99,7 +104,6 @@ impl Clone for Inodes {
             map: self.map.clone(),
             source: self.source.clone(),
             order: self.order.clone(),
-            misses: self.misses.clone(),
             absent: self.absent.clone(),
             pins: self.pins.clone(),
             changed: self.changed.clone(),
@@ -129,7 +133,6 @@ impl Inodes {
             map,
             source: None,
             order: VecDeque::new(),
-            misses: RefCell::new(Vec::new()),
             absent: HashSet::new(),
             pins: HashMap::new(),
             changed: HashMap::new(),
@@ -170,7 +173,7 @@ impl Inodes {
         if self.source.is_none() || self.changed.contains_key(&ino) || self.absent.contains(&ino) {
             return Ok(None);
         }
-        self.misses.borrow_mut().push(ino);
+        MISSES.with(|m| m.borrow_mut().push(ino));
         Err(MetaError(format!("inode {ino} is not in memory")))
     }
 
@@ -205,7 +208,7 @@ impl Inodes {
 
     /// The inodes missed since the last call, once each.
     pub fn take_misses(&mut self) -> Vec<u64> {
-        let mut m = std::mem::take(self.misses.get_mut());
+        let mut m = MISSES.with(|m| std::mem::take(&mut *m.borrow_mut()));
         m.sort_unstable();
         m.dedup();
         m
@@ -213,11 +216,11 @@ impl Inodes {
 
     /// Forget the misses noted so far (a caller about to ask whether it met any).
     pub fn clear_misses(&self) {
-        self.misses.borrow_mut().clear();
+        MISSES.with(|m| m.borrow_mut().clear());
     }
 
     pub fn has_misses(&self) -> bool {
-        !self.misses.borrow().is_empty()
+        MISSES.with(|m| !m.borrow().is_empty())
     }
 
     pub fn source(&self) -> Option<Arc<dyn InodeSource>> {
