@@ -104,7 +104,16 @@ impl BenchFs for VolumeFs {
         let j = self.vol.journal_stats();
         let w = self.vol.queue().wbt_state();
         let bdi = self.vol.bdi().stats();
+        let ic = self.vol.inode_cache_stats();
         serde_json::json!({
+            "inodes": {
+                "files": self.vol.statfs().files,
+                "resident": ic.inodes_resident,
+                "read_back": ic.inodes_read_back,
+                "dropped": ic.inodes_dropped,
+                "mappings_cached": ic.cached,
+                "live": ic.live,
+            },
             "wbt": {
                 "enabled": w.enabled,
                 "lat_usec": w.min_lat_nsec / 1000,
