@@ -537,6 +537,23 @@ impl Parts {
         }
     }
 
+    /// The keys of the key spaces (first bytes) `spaces`.
+    fn scan_spaces(
+        tree: &Tree,
+        store: &dyn NodeStore,
+        seed: u64,
+        spaces: std::ops::Range<u8>,
+    ) -> Result<Parts, LoadError> {
+        let (from, to) = ([spaces.start], [spaces.end]);
+        Parts::scan(
+            tree,
+            store,
+            seed,
+            Bound::Included(&from[..]),
+            Bound::Excluded(&to[..]),
+        )
+    }
+
     fn key(&mut self, seed: u64, k: &[u8], v: &[u8]) -> Result<(), LoadError> {
         match k.first() {
             Some(&FS_RECORD) if k.len() == 1 => {
@@ -750,15 +767,7 @@ pub fn load_lazy(
         .as_deref()
         .and_then(|v| le64(v, 0).filter(|_| v.len() == 8))
         .ok_or_else(|| corrupt("no filesystem record, or a bad one".into()))?;
-    let from = [ORPHAN_SPACE];
-    let to = [ORPHAN_SPACE + 1];
-    let parts = Parts::scan(
-        tree,
-        store,
-        seed,
-        Bound::Included(&from[..]),
-        Bound::Excluded(&to[..]),
-    )?;
+    let parts = Parts::scan_spaces(tree, store, seed, ORPHAN_SPACE..ORPHAN_SPACE + 1)?;
     let free = FreeSpace::from_extents(data_start, nr_blocks, space.free.iter().copied())
         .map_err(|e| corrupt(format!("the checkpoint's free space: {e}")))?;
     Ok(Meta::lazy(
@@ -770,8 +779,9 @@ pub fn load_lazy(
     ))
 }
 
-/// One inode as the tree holds it (none: not there). A directory's parent and
-/// subdirectory count are not set: they come from the entries naming it.
+/// One inode as the tree holds it (none: not there), with its extents, entries, target
+/// and attributes; a directory's parent and subdirectory count as format 5 records
+/// them (a format 4 tree is only ever read whole, which derives them).
 pub fn load_inode(
     tree: &Tree,
     store: &dyn NodeStore,
@@ -802,15 +812,7 @@ pub fn load_files(
     store: &dyn NodeStore,
     seed: u64,
 ) -> Result<Vec<(u64, Inode)>, LoadError> {
-    let from = [INODE_SPACE];
-    let to = [ORPHAN_SPACE];
-    let parts = Parts::scan(
-        tree,
-        store,
-        seed,
-        Bound::Included(&from[..]),
-        Bound::Excluded(&to[..]),
-    )?;
+    let parts = Parts::scan_spaces(tree, store, seed, INODE_SPACE..ORPHAN_SPACE)?;
     Ok(parts
         .into_inodes(seed)?
         .into_iter()
