@@ -8,6 +8,7 @@ use common::{queue, quiet};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use wbstack::block::RequestQueue;
+use wbstack::fs::format::InodeKind;
 use wbstack::fs::ops::XattrMode;
 use wbstack::fs::perm::Cred;
 use wbstack::fs::{FsError, MkfsOptions, MountOptions, Stat, Volume};
@@ -247,6 +248,15 @@ fn a_format_5_mount_reads_only_what_it_needs() {
     let s = v.inode_cache_stats();
     assert_eq!(s.inodes_resident, 0, "{s:?}");
     assert_eq!(v.statfs().files, 3000 + 2 + 2 + 1);
+    // A listing reads the directory, not the inodes it names: entries keep their kind.
+    let kinds: Vec<InodeKind> = v.readdir("/a").unwrap().iter().map(|e| e.kind).collect();
+    assert_eq!(kinds.len(), 1501);
+    assert!(kinds.contains(&InodeKind::Symlink) && kinds.contains(&InodeKind::File));
+    let s = v.inode_cache_stats();
+    assert!(
+        s.inodes_read_back <= 2,
+        "the listing read the inodes back: {s:?}"
+    );
     assert_eq!(look_all(&v, &paths), before);
     assert!(v.inode_cache_stats().inodes_read_back >= 3000);
     assert!(v.check().is_empty(), "{:?}", v.check());

@@ -615,7 +615,8 @@ impl Meta {
                 self.image_bytes.add(INODE_FIXED_BYTES);
             }
             Record::Link { parent, name, ino } => {
-                let child_is_dir = self.get(*ino)?.is_dir();
+                let child_kind = self.get(*ino)?.kind;
+                let child_is_dir = child_kind == InodeKind::Dir;
                 let p = self.get(*parent)?;
                 if !p.is_dir() {
                     return bad(format!(
@@ -637,7 +638,7 @@ impl Meta {
                     return bad(format!("link to inode {ino}, whose link count is full"));
                 }
                 let p = self.get_mut(*parent)?;
-                p.entries.insert_at(h, name, *ino);
+                p.entries.insert_at(h, name, *ino, Some(child_kind));
                 p.subdirs += u32::from(child_is_dir);
                 let c = self.get_mut(*ino)?;
                 c.links += 1;
@@ -1310,11 +1311,16 @@ impl Meta {
                     "inode {ino} has directory entries but is not a directory"
                 ));
             }
-            for (name, c) in i.entries.iter() {
+            for (name, c, kind) in i.entries.iter_kinds() {
                 let n = String::from_utf8_lossy(name);
                 match inodes.get(&c) {
                     None => p.push(format!(
                         "directory {ino}: entry {n:?} points at inode {c}, which does not exist"
+                    )),
+                    Some(ci) if kind.is_some_and(|k| k != ci.kind) => p.push(format!(
+                        "directory {ino}: entry {n:?} records a {:?} but inode {c} is a {:?}",
+                        kind.expect("some"),
+                        ci.kind
                     )),
                     Some(ci) if ci.is_dir() && ci.parent != *ino => p.push(format!(
                         "directory {c} is named {n:?} in {ino} but its parent is {}",
@@ -1418,6 +1424,12 @@ fn derive_parents(inodes: &mut HashMap<u64, Box<Inode>>, parents: Vec<(u64, u64)
     }
     if let Some(root) = inodes.get_mut(&ROOT_INO) {
         root.parent = ROOT_INO;
+    }
+    // Entries whose kind the image did not record (formats up to 4) take it from the
+    // inode they name.
+    let kinds: HashMap<u64, InodeKind> = inodes.iter().map(|(&ino, i)| (ino, i.kind)).collect();
+    for i in inodes.values_mut().filter(|i| i.is_dir()) {
+        i.entries.resolve_kinds(|c| kinds.get(&c).copied());
     }
 }
 

@@ -121,6 +121,33 @@ fn encode_core(i: &Inode) -> [u8; CORE_BYTES] {
     v
 }
 
+/// What a directory entry names: the inode, and (format 5) its kind, so readdir need
+/// not read the inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Named {
+    ino: u64,
+    /// None: format 4, which did not record it (a load resolves it).
+    kind: Option<InodeKind>,
+}
+
+/// A directory entry's value: the inode, then its kind's byte.
+fn encode_dirent(n: Named) -> Vec<u8> {
+    let mut v = n.ino.to_le_bytes().to_vec();
+    v.extend(n.kind.map(|k| k as u8));
+    v
+}
+
+/// `encode_dirent` undone: format 4's 8 bytes or format 5's 9.
+fn decode_dirent(v: &[u8]) -> Option<Named> {
+    let ino = le64(v, 0)?;
+    let kind = match v.len() {
+        8 => None,
+        9 => Some(InodeKind::from_u8(v[8]).ok()?),
+        _ => return None,
+    };
+    Some(Named { ino, kind })
+}
+
 /// Put a chunked value under `prefix` (keys `prefix chunk`), after deleting the old.
 fn put_chunks(ops: &mut Vec<TreeOp>, prefix: Vec<u8>, value: Option<&[u8]>) {
     ops.push(TreeOp::DelPrefix(prefix.clone()));
@@ -192,7 +219,7 @@ pub struct Captured {
     /// (inode, file block) to (device block, length).
     extents: Vec<Now<(u64, u64), (u64, u64)>>,
     /// To the inode named.
-    dirents: Vec<Now<DirentAt, u64>>,
+    dirents: Vec<Now<DirentAt, Named>>,
     targets: Vec<Now<u64, Vec<u8>>>,
     xattrs: Vec<Now<XattrAt, Vec<u8>>>,
     orphans: Vec<Now<u64, ()>>,
@@ -241,7 +268,9 @@ pub fn capture(meta: &Meta, mut ch: Changes) -> Captured {
             .into_iter()
             .map(|(dir, name)| {
                 let hash = name_hash(seed, &name);
-                let value = live(dir).and_then(|d| d.entries.get_at(hash, &name));
+                let value = live(dir)
+                    .and_then(|d| d.entries.entry_at(hash, &name))
+                    .map(|(ino, kind)| Named { ino, kind });
                 Now {
                     key: DirentAt { dir, hash, name },
                     value,
@@ -309,8 +338,8 @@ impl Captured {
     pub fn into_chunks(mut self) -> OpChunks {
         // Entries by directory, then hash (a comparison of two numbers mostly), then
         // name: their key order. A name linked and unlinked again is noted twice.
-        self.dirents.sort_unstable();
-        self.dirents.dedup();
+        self.dirents.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        self.dirents.dedup_by(|a, b| a.key == b.key);
         let mut head = vec![TreeOp::Put(
             vec![FS_RECORD],
             self.next_ino.to_le_bytes().to_vec(),
@@ -338,7 +367,7 @@ pub struct OpChunks {
     head: Vec<TreeOp>,
     inodes: std::vec::IntoIter<Now<u64, [u8; CORE_BYTES]>>,
     extents: std::vec::IntoIter<Now<(u64, u64), (u64, u64)>>,
-    dirents: std::vec::IntoIter<Now<DirentAt, u64>>,
+    dirents: std::vec::IntoIter<Now<DirentAt, Named>>,
     targets: std::vec::IntoIter<Now<u64, Vec<u8>>>,
     xattrs: std::vec::IntoIter<Now<XattrAt, Vec<u8>>>,
     orphans: std::vec::IntoIter<Now<u64, ()>>,
@@ -362,7 +391,7 @@ impl OpChunks {
             } else if let Some(n) = self.dirents.next() {
                 let d = n.key;
                 let key = dirent_key_hashed(d.dir, d.hash, &d.name);
-                put_or_del(&mut ops, key, n.value.map(|c| c.to_le_bytes().to_vec()));
+                put_or_del(&mut ops, key, n.value.map(encode_dirent));
             } else if let Some(n) = self.targets.next() {
                 put_chunks(&mut ops, inode_prefix(n.key, TARGET), n.value.as_deref());
             } else if let Some(n) = self.xattrs.next() {
@@ -504,7 +533,7 @@ fn le32(b: &[u8], at: usize) -> Option<u32> {
 struct Parts {
     next_ino: Option<u64>,
     inodes: HashMap<u64, Box<Inode>>,
-    entries: Vec<(u64, Vec<u8>, u64)>,
+    entries: Vec<(u64, Vec<u8>, Named)>,
     extents: Vec<(u64, u64, u64, u64)>,
     targets: HashMap<u64, Vec<u8>>,
     xattrs: Vec<(u64, Vec<u8>, Vec<u8>)>,
@@ -591,8 +620,7 @@ impl Parts {
                         if !valid_name(name) || be64(rest) != Some(name_hash(seed, name)) {
                             return Err(corrupt(format!("directory {ino} has an invalid entry")));
                         }
-                        let c = le64(v, 0)
-                            .filter(|_| v.len() == 8)
+                        let c = decode_dirent(v)
                             .ok_or_else(|| corrupt(format!("directory {ino}: a bad entry")))?;
                         self.entries.push((ino, name.to_vec(), c));
                     }
@@ -651,11 +679,12 @@ impl Parts {
                 .ok_or_else(|| corrupt(format!("an extent of {}", orphan_of(ino))))?;
             i.extents.insert(fb, (s, l));
         }
-        for (dir, name, c) in self.entries {
+        for (dir, name, Named { ino: c, kind }) in self.entries {
             let d = inodes
                 .get_mut(&dir)
                 .ok_or_else(|| corrupt(format!("an entry of {}", orphan_of(dir))))?;
-            if d.entries.insert(seed, &name, c).is_some() {
+            let h = name_hash(seed, &name);
+            if d.entries.insert_at(h, &name, c, kind).is_some() {
                 return Err(corrupt(format!(
                     "directory {dir} holds the same name twice"
                 )));

@@ -689,7 +689,8 @@ impl State {
     }
 
     /// The kind of inode `ino`, which a directory entry names (so it exists: fsck's
-    /// invariant). One not in memory is noted as missed (`fs::inodes`) and comes back
+    /// invariant), for an entry whose kind was not recorded (entries record it from
+    /// format 5 on, and a load resolves the rest). One not in memory is noted as missed (`fs::inodes`) and comes back
     /// as a file: a caller asking for many (a page of readdir) asks `missed` after, and
     /// its entry point reads them back in one go.
     pub(super) fn kind_of(&self, ino: u64) -> InodeKind {
@@ -2110,11 +2111,11 @@ impl Volume {
             st.meta.clear_misses();
             let mut all: Vec<DirEntry> = d
                 .entries
-                .iter()
-                .map(|(n, c)| DirEntry {
+                .iter_kinds()
+                .map(|(n, c, kind)| DirEntry {
                     name: String::from_utf8_lossy(n).into_owned(),
                     ino: c,
-                    kind: st.kind_of(c),
+                    kind: kind.unwrap_or_else(|| st.kind_of(c)),
                 })
                 .collect();
             st.missed()?;
