@@ -156,6 +156,10 @@ impl Inodes {
         self.source.is_some()
     }
 
+    pub fn is_changed(&self, ino: u64) -> bool {
+        self.changed.contains_key(&ino)
+    }
+
     /// Inode `ino` if it is in memory (no IO).
     pub fn resident(&self, ino: u64) -> Option<&Inode> {
         self.map.get(&ino).map(|b| &**b)

@@ -486,6 +486,16 @@ impl Meta {
         Ok(())
     }
 
+    /// Whether inodes are read on demand (and may leave memory).
+    pub fn is_lazy(&self) -> bool {
+        self.inodes.is_lazy()
+    }
+
+    /// Whether `ino` was changed (or deleted) since the last durable checkpoint.
+    pub fn is_changed(&self, ino: u64) -> bool {
+        self.inodes.is_changed(ino)
+    }
+
     /// The inodes asked for but not in memory since the last call (`fs::inodes`).
     pub fn take_misses(&mut self) -> Vec<u64> {
         self.inodes.take_misses()
@@ -581,6 +591,10 @@ impl Meta {
         if let Some(c) = self.changes.as_deref_mut() {
             c.inodes.push(ino);
         }
+        // Stamped again now: the change in place was stamped when made, maybe with a
+        // generation a checkpoint has made durable since, and the next checkpoint must
+        // find the inode in memory to write it.
+        self.inodes.note_changed(ino);
     }
 
     fn note_extent(&mut self, ino: u64, fb: u64) {

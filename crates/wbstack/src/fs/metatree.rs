@@ -240,8 +240,15 @@ pub fn capture(meta: &Meta, mut ch: Changes) -> Captured {
     }
     settle(&mut ch.extents);
     settle(&mut ch.xattrs);
-    // Every changed inode is in memory (`fs::inodes`): none is read back here.
-    let live = |ino: u64| meta.resident(ino);
+    // Every changed inode is in memory (`fs::inodes`), or deleted: none is read back.
+    let live = |ino: u64| {
+        let i = meta.resident(ino);
+        debug_assert!(
+            i.is_some() || !meta.is_lazy() || meta.is_changed(ino),
+            "inode {ino} has a change to write but left memory"
+        );
+        i
+    };
     Captured {
         gen: ch.gen,
         space: meta.space_record(),
