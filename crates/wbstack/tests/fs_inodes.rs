@@ -372,3 +372,31 @@ fn reads_back_survive_concurrent_prunes() {
     assert!(s.inodes_read_back > 0 && s.inodes_dropped > 0, "{s:?}");
     v.unmount().unwrap();
 }
+
+/// An operation that meets its inodes one at a time (a path of many directories, none
+/// in memory) is run again as often as it makes progress: each rerun misses the next.
+#[test]
+fn a_deep_path_of_dropped_directories_is_read_back_a_step_at_a_time() {
+    let q = mkfs5("sim:ssd,size=256M");
+    let mut o: MountOptions = quiet();
+    o.inode_cache = 0;
+    let v = Volume::mount(q.clone(), o).unwrap();
+    let mut path = String::new();
+    for i in 0..40 {
+        path.push_str(&format!("/d{i}"));
+        v.mkdir(&path, 0o755).unwrap();
+    }
+    let file = format!("{path}/f");
+    v.create(&file).unwrap().close().unwrap();
+    v.checkpoint().unwrap();
+    v.create("/churn").unwrap().close().unwrap();
+    let before = v.inode_cache_stats();
+    assert!(before.inodes_resident <= 3, "{before:?}");
+    assert_eq!(v.stat(&file).unwrap().size, 0);
+    let after = v.inode_cache_stats();
+    assert!(
+        after.inodes_read_back >= before.inodes_read_back + 41,
+        "{before:?} {after:?}"
+    );
+    v.unmount().unwrap();
+}

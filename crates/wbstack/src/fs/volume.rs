@@ -317,9 +317,10 @@ pub struct JournalStats {
 }
 
 /// What the inode cache holds (`Volume::inode_cache_stats`).
-/// Times an operation runs again after reading back the inodes it missed: each rerun
-/// finds them in memory unless prunes elsewhere dropped them again meanwhile.
-const FAULT_RETRIES: usize = 8;
+/// Times an operation runs again after reading back the inodes it missed, at most: a
+/// rerun finds those in memory (they are pinned) and may miss others further on, as
+/// an operation that walks many inodes meets them one at a time.
+const FAULT_RETRIES: usize = 4096;
 
 /// Inodes a prune of the metadata cache looks at, at most: a prune runs under `st`, at
 /// opens, closes and commits, and a few thousand keep up with any rate of creates.
@@ -1259,7 +1260,11 @@ impl Vol {
                 break r;
             }
             let misses = self.st.lock().meta.take_misses();
-            if misses.is_empty() || tries == FAULT_RETRIES {
+            // Each rerun that misses only inodes not read back yet made progress (an
+            // operation may meet its inodes one at a time); one that misses an inode
+            // read back and pinned already is not going to do better.
+            let progress = misses.iter().any(|m| !pinned.contains(m));
+            if misses.is_empty() || !progress || tries == FAULT_RETRIES {
                 break r;
             }
             tries += 1;
@@ -2303,7 +2308,7 @@ impl Volume {
         };
         // A walk of every inode: those not in memory are read back first (a prune may
         // drop some again before `st` is taken: then once more).
-        for _ in 0..FAULT_RETRIES {
+        for _ in 0..8 {
             if let Err(e) = self.vol.read_back(None, false) {
                 return vec![format!("reading the inodes back: {e}")];
             }
