@@ -16,9 +16,22 @@ use wbstack::fs::{FsError, MkfsOptions, MountOptions, Stat, Volume};
 const LIMIT: usize = 8;
 
 fn mount(q: &Arc<RequestQueue>) -> Volume {
+    mount_with_cache(q, LIMIT)
+}
+
+fn mount_with_cache(q: &Arc<RequestQueue>, inode_cache: usize) -> Volume {
     let mut o: MountOptions = quiet();
-    o.inode_cache = LIMIT;
+    o.inode_cache = inode_cache;
     Volume::mount(q.clone(), o).unwrap()
+}
+
+/// The mounted volume passes its checks, unmounts, and fsck finds it clean.
+fn check_unmount_fsck(v: Volume) {
+    assert!(v.check().is_empty(), "{:?}", v.check());
+    let q = v.queue().clone();
+    v.unmount().unwrap();
+    let r = wbstack::fs::fsck::fsck(&q);
+    assert!(r.is_clean(), "{:?}", r.problems);
 }
 
 /// Everything a file shows: its stat, data, target and attribute.
@@ -174,10 +187,7 @@ fn clean_inodes_leave_memory_and_come_back_as_they_were() {
 
     let v = mount(&q);
     assert_eq!(look_all(&v, &paths), before, "after a remount");
-    assert!(v.check().is_empty(), "{:?}", v.check());
-    v.unmount().unwrap();
-    let r = wbstack::fs::fsck::fsck(&q);
-    assert!(r.is_clean(), "{:?}", r.problems);
+    check_unmount_fsck(v);
 }
 
 fn mkfs5(spec: &str) -> Arc<RequestQueue> {
@@ -259,11 +269,7 @@ fn a_format_5_mount_reads_only_what_it_needs() {
     );
     assert_eq!(look_all(&v, &paths), before);
     assert!(v.inode_cache_stats().inodes_read_back >= 3000);
-    assert!(v.check().is_empty(), "{:?}", v.check());
-    let q = v.queue().clone();
-    v.unmount().unwrap();
-    let r = wbstack::fs::fsck::fsck(&q);
-    assert!(r.is_clean(), "{:?}", r.problems);
+    check_unmount_fsck(v);
 }
 
 /// A crash leaves transactions in the journal: mount replays them into inodes it reads
@@ -317,10 +323,7 @@ fn a_crash_replays_into_inodes_read_on_demand() {
     assert_eq!(look_all(&v, &paths), before);
     assert_eq!(v.stat("/b/sub").unwrap().nlink, 2);
     assert_eq!(v.stat("/b").unwrap().nlink, 3);
-    assert!(v.check().is_empty(), "{:?}", v.check());
-    v.unmount().unwrap();
-    let r = wbstack::fs::fsck::fsck(&q);
-    assert!(r.is_clean(), "{:?}", r.problems);
+    check_unmount_fsck(v);
 }
 
 /// Inodes read back for an operation stay in memory until it ran again, however hard
@@ -329,9 +332,7 @@ fn a_crash_replays_into_inodes_read_on_demand() {
 #[test]
 fn reads_back_survive_concurrent_prunes() {
     let q = mkfs5("sim:ssd,size=256M");
-    let mut o: MountOptions = quiet();
-    o.inode_cache = 0;
-    let v = Volume::mount(q.clone(), o).unwrap();
+    let v = mount_with_cache(&q, 0);
     let paths = populate(&v, 100);
     v.checkpoint().unwrap();
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -378,9 +379,7 @@ fn reads_back_survive_concurrent_prunes() {
 #[test]
 fn a_deep_path_of_dropped_directories_is_read_back_a_step_at_a_time() {
     let q = mkfs5("sim:ssd,size=256M");
-    let mut o: MountOptions = quiet();
-    o.inode_cache = 0;
-    let v = Volume::mount(q.clone(), o).unwrap();
+    let v = mount_with_cache(&q, 0);
     let mut path = String::new();
     for i in 0..40 {
         path.push_str(&format!("/d{i}"));

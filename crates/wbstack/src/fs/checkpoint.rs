@@ -100,6 +100,13 @@ pub(super) struct TreeWrite {
     pub new: Vec<u64>,
 }
 
+fn load_err(e: metatree::LoadError) -> FsError {
+    match e {
+        metatree::LoadError::Tree(t) => tree_err(t),
+        metatree::LoadError::Meta(m) => FsError::Corrupt(m.0),
+    }
+}
+
 fn tree_err(e: TreeError) -> FsError {
     match e {
         TreeError::Format(f) => FsError::Format(f),
@@ -143,10 +150,7 @@ impl MetaTree {
             data_start,
             nr_blocks,
         )
-        .map_err(|e| match e {
-            metatree::LoadError::Tree(t) => tree_err(t),
-            metatree::LoadError::Meta(m) => FsError::Corrupt(m.0),
-        })
+        .map_err(load_err)
     }
 
     /// What mount needs of a format 5 tree, without reading it whole
@@ -165,10 +169,7 @@ impl MetaTree {
             data_start,
             nr_blocks,
         )
-        .map_err(|e| match e {
-            metatree::LoadError::Tree(t) => tree_err(t),
-            metatree::LoadError::Meta(m) => FsError::Corrupt(m.0),
-        })
+        .map_err(load_err)
     }
 
     /// Apply the captured changes, write the dirty nodes to blocks `alloc(goal, n)`

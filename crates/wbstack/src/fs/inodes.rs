@@ -308,10 +308,7 @@ impl Inodes {
     /// Returns the ones dropped.
     pub fn evict(&mut self, keep: usize, budget: usize, pinned: &dyn Fn(u64) -> bool) -> Vec<u64> {
         let mut dropped = Vec::new();
-        if self.source.is_none() || self.map.len() <= keep {
-            return dropped;
-        }
-        if self.rest.0 == self.durable_gen && self.map.len() < self.rest.1 + REST_SLACK {
+        if !self.wants_evict(keep) {
             return dropped;
         }
         let order = &mut self.order;
@@ -351,17 +348,26 @@ impl Inodes {
         dropped
     }
 
-    pub fn resident_len(&self) -> usize {
-        self.map.len()
+    /// Whether `evict` to `keep` has anything to try: the cache is lazy, over `keep`,
+    /// and not at rest since a pass that stopped short (`rest`).
+    pub fn wants_evict(&self, keep: usize) -> bool {
+        self.source.is_some()
+            && self.map.len() > keep
+            && !(self.rest.0 == self.durable_gen && self.map.len() < self.rest.1 + REST_SLACK)
+    }
+
+    /// `fetch_mut` of an inode in memory, without IO (none if it is not).
+    pub fn resident_mut(&mut self, ino: u64) -> Option<&mut Inode> {
+        if !self.map.contains_key(&ino) {
+            return None;
+        }
+        self.note_changed(ino);
+        self.map.get_mut(&ino).map(|b| &mut **b)
     }
 
     /// Every inode in memory (all of them unless the cache is lazy).
     pub fn all_resident(&mut self) -> &mut HashMap<u64, Box<Inode>> {
         &mut self.map
-    }
-
-    pub fn durable_gen(&self) -> u64 {
-        self.durable_gen
     }
 
     pub fn stats(&self) -> MetaCacheStats {

@@ -396,8 +396,7 @@ impl Meta {
     /// Inode `ino` for a change in place, if it is in memory (no IO): for inodes in
     /// use, which are never dropped.
     pub fn resident_mut(&mut self, ino: u64) -> Option<&mut Inode> {
-        self.inodes.resident(ino)?;
-        self.inodes.fetch_mut(ino).ok().flatten()
+        self.inodes.resident_mut(ino)
     }
 
     /// `resident` and the allocator together (writeback maps an inode's pages while
@@ -435,6 +434,11 @@ impl Meta {
 
     /// Drop clean inodes not `pinned` until `keep` are in memory, examining at most
     /// `budget`; the ones dropped.
+    /// Whether an `evict` to `keep` has anything to try (a prune skips its locks if not).
+    pub fn wants_evict(&self, keep: usize) -> bool {
+        self.inodes.wants_evict(keep)
+    }
+
     pub fn evict(&mut self, keep: usize, budget: usize, pinned: &dyn Fn(u64) -> bool) -> Vec<u64> {
         self.inodes.evict(keep, budget, pinned)
     }

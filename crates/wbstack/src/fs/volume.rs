@@ -1310,6 +1310,10 @@ impl Vol {
     /// without a mapping or per-inode state, unchanged since the durable checkpoint.
     pub(super) fn prune_meta(&self, st: &mut State) {
         let ic = self.icache.lock();
+        // Every open, close and commit comes here: nothing more unless there is work.
+        if !st.meta.wants_evict(ic.limit()) {
+            return;
+        }
         let (committed, barrier_done) = {
             let j = self.jn.lock();
             (j.committed, j.barrier_done)
