@@ -66,8 +66,14 @@ thread_local! {
 /// Numbers of inodes found gone remembered, at most.
 const ABSENT_MAX: usize = 65536;
 
-/// Inodes that come in after an eviction stopped short before another is tried.
-const REST_SLACK: usize = 1024;
+/// Inodes an eviction pass looks at, at most: a pass runs under `st` (at opens, closes
+/// and commits), so it is bounded.
+pub const PASS_BUDGET: usize = 16384;
+
+/// Inodes that come in after a pass stopped short before another is tried while no
+/// checkpoint has become durable (nothing changed became clean): as many as a pass
+/// looks at, so that passes cost one look per inode added, not sixteen.
+const REST_SLACK: usize = PASS_BUDGET;
 
 pub struct Inodes {
     map: HashMap<u64, Box<Inode>>,
@@ -303,10 +309,10 @@ impl Inodes {
         self.changed.retain(|_, g| *g > d);
     }
 
-    /// Drop clean inodes, oldest first, until at most `keep` are in memory or `budget`
-    /// have been examined; `pinned` names inodes in use (open, with pages, mid-IO).
-    /// Returns the ones dropped.
-    pub fn evict(&mut self, keep: usize, budget: usize, pinned: &dyn Fn(u64) -> bool) -> Vec<u64> {
+    /// Drop clean inodes, oldest first, until at most `keep` are in memory or
+    /// `PASS_BUDGET` have been examined; `pinned` names inodes in use (open, with pages,
+    /// mid-IO). Returns the ones dropped.
+    pub fn evict(&mut self, keep: usize, pinned: &dyn Fn(u64) -> bool) -> Vec<u64> {
         let mut dropped = Vec::new();
         if !self.wants_evict(keep) {
             return dropped;
@@ -320,7 +326,7 @@ impl Inodes {
         }
         let mut kept = Vec::new();
         let mut examined = 0;
-        while map.len() > keep && examined < budget {
+        while map.len() > keep && examined < PASS_BUDGET {
             let Some(ino) = order.pop_front() else { break };
             examined += 1;
             if !map.contains_key(&ino) {

@@ -439,8 +439,8 @@ impl Meta {
         self.inodes.wants_evict(keep)
     }
 
-    pub fn evict(&mut self, keep: usize, budget: usize, pinned: &dyn Fn(u64) -> bool) -> Vec<u64> {
-        self.inodes.evict(keep, budget, pinned)
+    pub fn evict(&mut self, keep: usize, pinned: &dyn Fn(u64) -> bool) -> Vec<u64> {
+        self.inodes.evict(keep, pinned)
     }
 
     pub fn cache_stats(&self) -> MetaCacheStats {

@@ -322,10 +322,6 @@ pub struct JournalStats {
 /// an operation that walks many inodes meets them one at a time.
 const FAULT_RETRIES: usize = 4096;
 
-/// Inodes a prune of the metadata cache looks at, at most: a prune runs under `st`, at
-/// opens, closes and commits, and a few thousand keep up with any rate of creates.
-const META_PRUNE_BATCH: usize = 16384;
-
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InodeCacheStats {
     /// File mappings cached, in use or not.
@@ -1332,7 +1328,7 @@ impl Vol {
             truncating,
             ordered,
         };
-        let dropped = meta.evict(ic.limit(), META_PRUNE_BATCH, &|ino| {
+        let dropped = meta.evict(ic.limit(), &|ino| {
             ic.get(&ino).is_some() || !owed.at_rest(ino, committed, barrier_done)
         });
         drop(ic);
