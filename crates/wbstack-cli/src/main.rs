@@ -216,9 +216,9 @@ struct MkfsArgs {
     /// Size of the image file to create or extend (e.g. 4G, 100T).
     #[arg(long, value_parser = size_arg)]
     size: Option<u64>,
-    /// Format version: 3 (whole-metadata checkpoints, the default) or 5 (the metadata
-    /// as a copy-on-write B+tree: checkpoints write what changed, mount reads only what
-    /// it needs, memory holds the inodes in use).
+    /// Format version: 5 (the default: the metadata as a copy-on-write B+tree, whose
+    /// checkpoints write what changed, whose mount reads only what it needs, and whose
+    /// inodes stay in memory only while in use) or 3 (whole-metadata checkpoints).
     #[arg(long, value_parser = parse_format)]
     format: Option<u32>,
     #[arg(long)]

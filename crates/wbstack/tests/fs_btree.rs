@@ -43,7 +43,8 @@ impl Harness {
         }
     }
 
-    fn write(&mut self, reopen: bool) {
+    /// Write the dirty nodes and end the round; returns the blocks it freed.
+    fn write(&mut self, reopen: bool) -> Vec<u64> {
         self.seq += 1;
         let reusable = &mut self.reusable;
         let next = &mut self.next_block;
@@ -73,13 +74,53 @@ impl Harness {
         for b in &w.freed {
             assert!(self.live.remove(b), "freed block {b} was not in use");
         }
-        self.reusable.extend(w.freed);
+        self.reusable.extend(w.freed.iter().copied());
         assert!(!self.tree.is_dirty());
         let held: BTreeSet<u64> = self.tree.check(&self.store).unwrap().into_iter().collect();
         assert_eq!(held, self.live, "the tree holds exactly the live blocks");
         if reopen {
             self.tree = Tree::open(FS_ID, NODE, w.root).unwrap();
         }
+        w.freed
+    }
+
+    /// Write the dirty subtrees wholly below `bound` now, as a checkpoint does
+    /// mid-way; the round ends with the next `write`. Returns the blocks written.
+    fn write_below(&mut self, bound: &[u8]) -> Vec<u64> {
+        let reusable = &mut self.reusable;
+        let next = &mut self.next_block;
+        let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
+        let counted = self.tree.dirty_nodes_below(bound);
+        let n = self
+            .tree
+            .write_dirty_below(
+                bound,
+                self.seq + 1,
+                &mut || {
+                    Ok(reusable.pop().unwrap_or_else(|| {
+                        *next += 1;
+                        *next
+                    }))
+                },
+                &mut |b, bytes| {
+                    writes.push((b, bytes));
+                    Ok(())
+                },
+            )
+            .unwrap();
+        assert_eq!(n, writes.len());
+        assert_eq!(
+            n, counted,
+            "dirty_nodes_below counts what write_dirty_below writes"
+        );
+        assert_eq!(self.tree.dirty_nodes_below(bound), 0);
+        let mut blocks = Vec::new();
+        for (b, bytes) in writes {
+            assert!(self.live.insert(b), "block {b} written while in use");
+            self.store.blocks.borrow_mut().insert(b, bytes);
+            blocks.push(b);
+        }
+        blocks
     }
 }
 
@@ -89,6 +130,7 @@ enum Op {
     Remove(Vec<u8>),
     Range(Vec<u8>, Vec<u8>),
     Write { reopen: bool },
+    WriteBelow(Vec<u8>),
 }
 
 fn key() -> impl Strategy<Value = Vec<u8>> {
@@ -102,6 +144,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => key().prop_map(Op::Remove),
         1 => (key(), key()).prop_map(|(a, b)| Op::Range(a, b)),
         1 => any::<bool>().prop_map(|reopen| Op::Write { reopen }),
+        1 => key().prop_map(Op::WriteBelow),
     ]
 }
 
@@ -126,7 +169,14 @@ proptest! {
                     let want: Vec<_> = model.range(lo.clone()..hi.clone()).map(|(k, v)| (k.clone(), v.clone())).collect();
                     prop_assert_eq!(got, want);
                 }
-                Op::Write { reopen } => h.write(reopen),
+                Op::Write { reopen } => {
+                    h.write(reopen);
+                }
+                // Changes below the bound may still come (unlike a checkpoint's): the
+                // nodes written early are then replaced, and freed with the round.
+                Op::WriteBelow(bound) => {
+                    h.write_below(&bound);
+                }
             }
         }
         let all = h.tree.range(&h.store, Bound::Unbounded, Bound::Unbounded).unwrap();
@@ -167,6 +217,41 @@ proptest! {
         h.store.blocks.borrow_mut().get_mut(&root_block).unwrap()[flip] ^= 1 << bit;
         prop_assert!(h.tree.get(&h.store, b"k\x01").is_err());
         prop_assert!(h.tree.check(&h.store).is_err());
+    }
+}
+
+/// Inserts in key order, written early below the last key every so often (as a
+/// checkpoint does): no node written early is written again in the round, and the
+/// dirty nodes in memory stay few however many entries go in.
+#[test]
+fn writes_below_the_last_key_of_ordered_inserts_are_final() {
+    let mut h = Harness::new();
+    let key = |i: u32| format!("key-{:08}", i * 7).into_bytes();
+    for i in 0..2000u32 {
+        h.tree.insert(&h.store, &key(i), &[7; 20]).unwrap();
+    }
+    h.write(true);
+    let mut early = BTreeSet::new();
+    let mut most_dirty = 0;
+    // Every key again (a rewrite of each value), and new ones between them.
+    for i in 0..2000u32 {
+        h.tree.insert(&h.store, &key(i), &[8; 20]).unwrap();
+        let between = format!("key-{:08}-b", i * 7).into_bytes();
+        h.tree.insert(&h.store, &between, &[9; 20]).unwrap();
+        most_dirty = most_dirty.max(h.tree.dirty_nodes());
+        if i % 50 == 49 {
+            early.extend(h.write_below(&between));
+        }
+    }
+    assert!(early.len() > 50, "{} nodes written early", early.len());
+    assert!(most_dirty < 40, "{most_dirty} dirty nodes at most");
+    let freed: BTreeSet<u64> = h.write(true).into_iter().collect();
+    assert!(
+        freed.is_disjoint(&early),
+        "nodes written early were replaced in the same round"
+    );
+    for i in 0..2000u32 {
+        assert_eq!(h.tree.get(&h.store, &key(i)).unwrap(), Some(vec![8; 20]));
     }
 }
 

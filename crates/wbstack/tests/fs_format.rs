@@ -253,7 +253,7 @@ fn a_100_tib_layout_is_instant_and_sane() {
 mod common;
 
 /// A version 1 image (superblock version 1, a checkpoint image without the v2 extras
-/// section) mounts, keeps its files, and is version 3 (`DEFAULT_VERSION`) on disk
+/// section) mounts, keeps its files, and is version 3 (`WHOLE_VERSION`) on disk
 /// afterwards.
 #[test]
 fn a_version_1_image_mounts_and_is_upgraded() {
@@ -267,7 +267,7 @@ fn a_version_1_image_mounts_and_is_upgraded() {
     f.close().unwrap();
     v.unmount().unwrap();
     let on_disk = Superblock::decode(q.read_sync(0, 4096).unwrap().as_slice()).unwrap();
-    assert_eq!(on_disk.version, wbstack::fs::format::DEFAULT_VERSION);
+    assert_eq!(on_disk.version, wbstack::fs::format::WHOLE_VERSION);
     let v = Volume::mount(q, common::quiet()).unwrap();
     let mut b = [0u8; 7];
     v.open("/kept", &Default::default())

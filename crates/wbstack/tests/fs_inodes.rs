@@ -399,3 +399,47 @@ fn a_deep_path_of_dropped_directories_is_read_back_a_step_at_a_time() {
     );
     v.unmount().unwrap();
 }
+
+/// A read back the device fails is EIO to the operation (not a corruption), the
+/// inode is not taken for gone, and the same operation works once the device reads
+/// again; a mount
+/// whose tree reads fail is EIO too, and loses nothing of the journal it could not
+/// replay.
+#[test]
+fn a_failed_read_back_is_eio_and_harms_nothing() {
+    let q = queue("sim:ssd,size=256M");
+    let mk = MkfsOptions {
+        format: Some(5),
+        ..Default::default()
+    };
+    let sb = Volume::mkfs(&q, &mk).unwrap();
+    let v = mount(&q);
+    let paths = populate(&v, 100);
+    let before = look_all(&v, &paths);
+    v.checkpoint().unwrap();
+    // Committed, not checkpointed: only the journal has it.
+    let f = v.create("/a/late").unwrap();
+    f.write_at(0, b"late").unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+    common::sim(&q).power_cut(false);
+    v.crash();
+    common::sim(&q).reboot();
+    // The tree's nodes live in the data area, after the journal and checkpoint slots.
+    let tree_sectors = sb.data_start * 8..u64::MAX / 2;
+    common::sim(&q).inject_eio(tree_sectors.clone(), true, false);
+    match Volume::mount(q.clone(), quiet()) {
+        Err(FsError::Io) => {}
+        other => panic!("mount over failing tree reads: {:?}", other.err()),
+    }
+    common::sim(&q).clear_faults();
+    let v = mount(&q);
+    // A fresh mount has read none of /b's files.
+    common::sim(&q).inject_eio(tree_sectors, true, false);
+    assert_eq!(v.stat("/b/f50"), Err(FsError::Io));
+    assert_eq!(v.stat("/b/f50"), Err(FsError::Io), "not remembered as gone");
+    common::sim(&q).clear_faults();
+    assert_eq!(look_all(&v, &paths), before);
+    assert_eq!(v.stat("/a/late").unwrap().size, 4);
+    check_unmount_fsck(v);
+}

@@ -19,11 +19,11 @@
 
 use super::alloc::FreeSpace;
 use super::btree::store::DeviceStore;
-use super::btree::{Root, Tree, TreeError};
+use super::btree::{Root, Tree, TreeError, TreeResult};
 use super::error::{FsError, FsResult};
 use super::format::Checkpoint;
 use super::inodes::{InodeSource, Read};
-use super::meta::{Meta, MetaError};
+use super::meta::Meta;
 use super::metatree::{self, Captured, RootRecord, SpaceRecord};
 use crate::block::RequestQueue;
 use parking_lot::Mutex;
@@ -35,6 +35,9 @@ pub const NODE_SIZE: usize = 4096;
 pub const NODE_CACHE_BYTES: usize = 128 << 20;
 /// Nodes a checkpoint sends to the device at a time (4 MiB).
 const WRITE_BATCH: usize = 1024;
+/// Changes a checkpoint applies between writes of the nodes it is done with: at most
+/// about as many dirty leaves (64 MiB) wait in memory.
+const EARLY_WRITE_OPS: usize = 16384;
 
 /// The volume's tree, its nodes' store, and where the next node goes.
 pub(super) struct MetaTree {
@@ -57,10 +60,21 @@ pub(super) struct DurableTree {
 }
 
 impl DurableTree {
-    fn tree(&self) -> (Result<Tree, MetaError>, u64) {
+    fn tree(&self) -> (FsResult<Tree>, u64) {
         let (root, gen) = *self.root.lock();
-        let t = Tree::open(self.fs_id, NODE_SIZE, root).map_err(|e| MetaError(e.to_string()));
-        (t, gen)
+        (
+            Tree::open(self.fs_id, NODE_SIZE, root).map_err(tree_err),
+            gen,
+        )
+    }
+}
+
+/// A read back's error: EIO when the device failed a read (as a data read's), a
+/// corruption naming `what` otherwise.
+fn read_back_err(what: &str, e: metatree::LoadError) -> FsError {
+    match e {
+        metatree::LoadError::Tree(TreeError::Io { .. }) => FsError::Io,
+        other => FsError::Corrupt(format!("{what}: {other}")),
     }
 }
 
@@ -72,7 +86,7 @@ impl InodeSource for DurableTree {
             for &ino in inos {
                 // Names are hashed with the fs_id as seed (`Meta::name_seed`).
                 let i = metatree::load_inode(&t, &*self.store, self.fs_id, ino)
-                    .map_err(|e| MetaError(format!("reading inode {ino} back: {e}")))?;
+                    .map_err(|e| read_back_err(&format!("reading inode {ino} back"), e))?;
                 out.extend(i.map(|i| (ino, i)));
             }
             Ok(out)
@@ -84,7 +98,7 @@ impl InodeSource for DurableTree {
         let (tree, gen) = self.tree();
         let inodes = tree.and_then(|t| {
             metatree::load_files(&t, &*self.store, self.fs_id)
-                .map_err(|e| MetaError(format!("reading the inodes back: {e}")))
+                .map_err(|e| read_back_err("reading the inodes back", e))
         });
         Read { gen, inodes }
     }
@@ -92,6 +106,7 @@ impl InodeSource for DurableTree {
 
 /// What `MetaTree::write` did: the new root, the blocks of the nodes it replaced (free
 /// once the root is durable), and the bytes of nodes written.
+#[derive(Default)]
 pub(super) struct TreeWrite {
     pub root: Option<Root>,
     pub freed: Vec<u64>,
@@ -107,10 +122,17 @@ fn load_err(e: metatree::LoadError) -> FsError {
     }
 }
 
+impl From<TreeError> for FsError {
+    fn from(e: TreeError) -> FsError {
+        tree_err(e)
+    }
+}
+
 fn tree_err(e: TreeError) -> FsError {
     match e {
         TreeError::Format(f) => FsError::Format(f),
         TreeError::NoSpace(_) => FsError::NoSpace,
+        TreeError::Io { .. } => FsError::Io,
         other => FsError::Corrupt(other.to_string()),
     }
 }
@@ -173,16 +195,41 @@ impl MetaTree {
     }
 
     /// Apply the captured changes, write the dirty nodes to blocks `alloc(goal, n)`
-    /// gives (all at once, near the last ones), and return the new root and the blocks
-    /// of the nodes it replaced.
+    /// gives (near the last ones), and return the new root and the blocks of the nodes
+    /// it replaced. The changes go in key order, and every `EARLY_WRITE_OPS` the nodes
+    /// below the last one applied are written: a checkpoint holds about that many
+    /// changes' nodes in memory, not all of its own (a million new files in a thousand
+    /// directories dirty every leaf of their entries).
     pub fn write(
         &mut self,
         changes: Captured,
         seq: u64,
         alloc: &mut dyn FnMut(u64, usize) -> FsResult<Vec<u64>>,
     ) -> FsResult<TreeWrite> {
-        metatree::apply_captured(&mut self.tree, &*self.store, changes).map_err(tree_err)?;
-        self.write_nodes(seq, alloc)
+        let mut early = TreeWrite::default();
+        let mut applied = 0;
+        let (store, cursor) = (&self.store, &mut self.cursor);
+        metatree::apply_captured_with(
+            &mut self.tree,
+            &**store,
+            changes,
+            &mut |tree: &mut Tree, ops: usize, last: &[u8]| -> FsResult<()> {
+                applied += ops;
+                if applied < EARLY_WRITE_OPS {
+                    return Ok(());
+                }
+                applied = 0;
+                let n = tree.dirty_nodes_below(last);
+                write_dirty(store, cursor, n, alloc, &mut early, tree, &mut |t, a, w| {
+                    t.write_dirty_below(last, seq, a, w)
+                })
+            },
+        )?;
+        let mut w = self.write_nodes(seq, alloc)?;
+        w.bytes += early.bytes;
+        early.new.append(&mut w.new);
+        w.new = early.new;
+        Ok(w)
     }
 
     /// Write the dirty nodes (changes applied already, as mount's replay does) as
@@ -193,46 +240,26 @@ impl MetaTree {
         alloc: &mut dyn FnMut(u64, usize) -> FsResult<Vec<u64>>,
     ) -> FsResult<TreeWrite> {
         let n = self.tree.dirty_nodes();
-        let mut blocks = if n > 0 {
-            alloc(self.cursor, n)?
-        } else {
-            Vec::new()
-        };
-        debug_assert_eq!(blocks.len(), n);
-        if let Some(&last) = blocks.iter().max() {
-            self.cursor = last + 1;
-        }
-        let new = blocks.clone();
-        blocks.reverse();
-        // Sent a batch at a time as they are encoded: a checkpoint's nodes are held
-        // once (in memory as nodes, or as bytes in flight), not in every form at once.
-        let mut batch: Vec<(u64, Vec<u8>)> = Vec::with_capacity(WRITE_BATCH);
-        let store = &self.store;
-        let w = self
-            .tree
-            .write_dirty(
-                seq,
-                &mut || {
-                    blocks
-                        .pop()
-                        .ok_or_else(|| TreeError::NoSpace("fewer blocks than dirty nodes".into()))
-                },
-                &mut |b, bytes| {
-                    batch.push((b, bytes));
-                    if batch.len() < WRITE_BATCH {
-                        return Ok(());
-                    }
-                    store.write(std::mem::take(&mut batch))
-                },
-            )
-            .map_err(tree_err)?;
-        self.store.write(batch).map_err(tree_err)?;
-        Ok(TreeWrite {
-            root: w.root,
-            freed: w.freed,
-            bytes: (w.nodes * NODE_SIZE) as u64,
-            new,
-        })
+        let mut out = TreeWrite::default();
+        let mut root = None;
+        let mut freed = Vec::new();
+        write_dirty(
+            &self.store,
+            &mut self.cursor,
+            n,
+            alloc,
+            &mut out,
+            &mut self.tree,
+            &mut |t, a, w| {
+                let written = t.write_dirty(seq, a, w)?;
+                root = written.root;
+                freed = written.freed;
+                Ok(written.nodes)
+            },
+        )?;
+        out.root = root;
+        out.freed = freed;
+        Ok(out)
     }
 
     /// Where `meta`'s inode cache reads back what it dropped.
@@ -328,6 +355,64 @@ pub(super) fn alloc_nodes(meta: &mut Meta, goal: u64, n: usize) -> FsResult<Vec<
     meta.nodes_taken(&blocks)
         .map_err(|e| FsError::Corrupt(e.0))?;
     Ok(blocks)
+}
+
+/// The way `write_dirty` writes nodes: `Tree::write_dirty` or `write_dirty_below`,
+/// given where each node goes and where its bytes go; returns the nodes written.
+type WriteNodes<'a> = dyn FnMut(
+        &mut Tree,
+        &mut dyn FnMut() -> TreeResult<u64>,
+        &mut dyn FnMut(u64, Vec<u8>) -> TreeResult<()>,
+    ) -> TreeResult<usize>
+    + 'a;
+
+/// Take `n` blocks from `alloc` (near `cursor`, which moves past them) and let `how`
+/// write that many dirty nodes of `tree` to them, in batches through `store`; counted
+/// into `out` (bytes, new blocks).
+fn write_dirty(
+    store: &DeviceStore,
+    cursor: &mut u64,
+    n: usize,
+    alloc: &mut dyn FnMut(u64, usize) -> FsResult<Vec<u64>>,
+    out: &mut TreeWrite,
+    tree: &mut Tree,
+    how: &mut WriteNodes<'_>,
+) -> FsResult<()> {
+    let mut blocks = if n > 0 {
+        alloc(*cursor, n)?
+    } else {
+        Vec::new()
+    };
+    debug_assert_eq!(blocks.len(), n);
+    if let Some(&last) = blocks.iter().max() {
+        *cursor = last + 1;
+    }
+    out.new.extend_from_slice(&blocks);
+    blocks.reverse();
+    // Sent a batch at a time as they are encoded: a checkpoint's nodes are held once
+    // (in memory as nodes, or as bytes in flight), not in every form at once.
+    let mut batch: Vec<(u64, Vec<u8>)> = Vec::with_capacity(WRITE_BATCH);
+    let written = how(
+        tree,
+        &mut || {
+            blocks
+                .pop()
+                .ok_or_else(|| TreeError::NoSpace("fewer blocks than dirty nodes".into()))
+        },
+        &mut |b, bytes| {
+            batch.push((b, bytes));
+            if batch.len() < WRITE_BATCH {
+                return Ok(());
+            }
+            store.write(std::mem::take(&mut batch))
+        },
+    )
+    .map_err(tree_err)?;
+    store.write(batch).map_err(tree_err)?;
+    debug_assert_eq!(written, n, "dirty nodes counted and written differ");
+    debug_assert!(blocks.is_empty(), "blocks taken for nodes left unused");
+    out.bytes += (written * NODE_SIZE) as u64;
+    Ok(())
 }
 
 /// Give the blocks of replaced nodes back (their new root is durable).

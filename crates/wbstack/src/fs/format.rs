@@ -14,15 +14,18 @@ pub const SB_MAGIC: u64 = u64::from_le_bytes(*b"WBSTACK1");
 /// inode count and the free space in the checkpoint record). Older images are read and
 /// upgraded at mount.
 pub const FORMAT_VERSION: u32 = 5;
-/// What mkfs writes unless asked, and what an older image becomes at its first mount:
-/// the whole-metadata checkpoint. The metadata tree (`fs::checkpoint`, version 5) is
-/// opt-in (`MkfsOptions::format`) until its checkpoints are as cheap as version 3's at a
-/// million new files.
-pub const DEFAULT_VERSION: u32 = 3;
+/// The whole-metadata checkpoint's version: what mkfs writes when asked for it
+/// (`MkfsOptions::format`), and what an older image of that kind becomes at its first
+/// mount.
+pub const WHOLE_VERSION: u32 = 3;
 /// The first version whose checkpoint is the metadata tree.
 pub const TREE_VERSION: u32 = 4;
 /// The tree version mkfs writes and a version 4 image becomes at its first mount.
 pub const LAZY_VERSION: u32 = 5;
+/// What mkfs writes unless asked: the metadata tree, read on demand (faster than
+/// version 3 from a few hundred thousand files on, and its mount does not grow with
+/// them).
+pub const DEFAULT_VERSION: u32 = LAZY_VERSION;
 /// The oldest version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 pub const TXN_MAGIC: u32 = u32::from_le_bytes(*b"TXN1");

@@ -86,7 +86,7 @@ pub fn fsck(q: &Arc<RequestQueue>) -> FsckReport {
     // and only safe to encode, when every invariant holds.
     if r.problems.is_empty() {
         if let Err(e) = prepare_mount(&mut l) {
-            r.problems.push(e);
+            r.problems.push(e.to_string());
         }
     }
     r

@@ -20,6 +20,7 @@
 //! its parent and its subdirectory count (format 5 records them in its inode record);
 //! only the root stays.
 
+use super::error::FsError;
 use super::meta::{Inode, MetaError, ROOT_INO};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -40,7 +41,9 @@ pub trait InodeSource: Send + Sync {
 /// What an `InodeSource` read, from the root of durable generation `gen`.
 pub struct Read {
     pub gen: u64,
-    pub inodes: Result<Vec<(u64, Inode)>, MetaError>,
+    /// The inodes found, or why not: EIO when the device failed a read, a corruption
+    /// when a node or record is wrong.
+    pub inodes: Result<Vec<(u64, Inode)>, FsError>,
 }
 
 /// What the cache did (the control directory's `inode_cache_*` counters).
@@ -240,7 +243,7 @@ impl Inodes {
     /// Install what `read` read back of the inodes `asked` (none: all), unless the
     /// durable generation moved on since (then false: read again). Inodes in memory or
     /// changed since are kept as they are: memory is newer than the tree.
-    pub fn install(&mut self, read: Read, asked: Option<&[u64]>) -> Result<bool, MetaError> {
+    pub fn install(&mut self, read: Read, asked: Option<&[u64]>) -> Result<bool, FsError> {
         if read.gen != self.durable_gen {
             return Ok(false);
         }

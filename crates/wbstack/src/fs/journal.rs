@@ -19,7 +19,7 @@ use super::checkpoint::{alloc_nodes, meta_reserve, root_image, root_record, Meta
 use super::error::{FsError, FsResult};
 use super::format::{
     Checkpoint, FormatError, Record, Superblock, Txn, BLOCK_SIZE, DEFAULT_VERSION, LAZY_VERSION,
-    SB_BLOCKS, TREE_VERSION,
+    SB_BLOCKS, TREE_VERSION, WHOLE_VERSION,
 };
 use super::meta::{ApplyMode, Meta, MetaError};
 use super::metatree;
@@ -48,8 +48,8 @@ const COUNTER_MAX: u64 = 1 << 62;
 pub struct MkfsOptions {
     /// Filesystem id stamped into every structure (random when None).
     pub fs_id: Option<u64>,
-    /// Format version to write: 3 (whole-metadata checkpoints) or 4 (the metadata
-    /// tree); None: `DEFAULT_VERSION`.
+    /// Format version to write: 3 (whole-metadata checkpoints) or 5 (the metadata
+    /// tree); None: `DEFAULT_VERSION` (5).
     pub format: Option<u32>,
 }
 
@@ -101,10 +101,10 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
     let mut sb = Superblock::layout(nr, fs_id, now).map_err(FsError::Format)?;
     sb.version = match o.format {
         None => DEFAULT_VERSION,
-        Some(v @ (DEFAULT_VERSION | LAZY_VERSION)) => v,
+        Some(v @ (WHOLE_VERSION | LAZY_VERSION)) => v,
         Some(v) => {
             return Err(FsError::Invalid(format!(
-                "format {v}: mkfs writes format {DEFAULT_VERSION} or {LAZY_VERSION}"
+                "format {v}: mkfs writes format {WHOLE_VERSION} or {LAZY_VERSION}"
             )))
         }
     };
@@ -315,6 +315,11 @@ pub fn load_after_superblock(
     let (mut meta, tree) = if sb.version >= TREE_VERSION {
         let corrupt =
             |e: &dyn std::fmt::Display| FsError::Corrupt(format!("checkpoint {}: {e}", ckpt.seq));
+        // A read the device failed stays EIO: the image may be fine.
+        let loading = |e: FsError| match e {
+            FsError::Io => FsError::Io,
+            e => corrupt(&e),
+        };
         let rec = metatree::decode_root(&ckpt.image).map_err(|e| corrupt(&e))?;
         let tree = MetaTree::open(q.clone(), sb.fs_id, data, rec.root).map_err(|e| corrupt(&e))?;
         let mut meta = match &rec.space {
@@ -322,14 +327,14 @@ pub fn load_after_superblock(
             Some(space) if strict => {
                 lazy = true;
                 tree.load_lazy(space, sb.data_start, sb.nr_blocks)
-                    .map_err(|e| corrupt(&e))?
+                    .map_err(loading)?
             }
             // fsck (or format 4): every node and inode, and the record checked
             // against what they say.
             _ => {
                 let m = tree
                     .load(sb.fs_id, sb.data_start, sb.nr_blocks)
-                    .map_err(|e| corrupt(&e))?;
+                    .map_err(loading)?;
                 if let Some(space) = &rec.space {
                     record_problems.extend(
                         space_disagrees(&m, space)
@@ -380,7 +385,7 @@ pub fn load_after_superblock(
 /// mounts. Returns the orphans deleted and the encoded checkpoint (seq and slot after
 /// `l`'s), or no checkpoint when the newest one is the state already (see
 /// `needs_checkpoint`); the error names what is wrong.
-pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountCheckpoint>), String> {
+pub(super) fn prepare_mount(l: &mut Loaded) -> FsResult<(Vec<u64>, Option<MountCheckpoint>)> {
     if !needs_checkpoint(l) {
         return Ok((Vec::new(), None));
     }
@@ -390,8 +395,8 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountChe
             &mut l.meta,
             &super::format::Record::Delete { ino: *ino },
             ApplyMode::Replay,
-        )
-        .map_err(|e| format!("orphan {ino}: {e}"))?;
+        )?
+        .map_err(|e| FsError::Corrupt(format!("orphan {ino}: {e}")))?;
     }
     let Some(tree) = l.tree.as_mut() else {
         let slot = 1 - l.ckpt_slot;
@@ -405,10 +410,10 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountChe
         .encode();
         let room = l.sb.checkpoint[slot].1 * PAGE;
         if ckpt.len() as u64 > room {
-            return Err(format!(
+            return Err(FsError::Corrupt(format!(
                 "the metadata ({} bytes) no longer fits checkpoint slot {slot} ({room} bytes)",
                 ckpt.len()
-            ));
+            )));
         }
         return Ok((orphans, Some(MountCheckpoint::Image(ckpt))));
     };
@@ -423,8 +428,10 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> Result<(Vec<u64>, Option<MountChe
     let gen = changes.gen;
     let mut captured = metatree::capture(&l.meta, changes);
     let space = captured.space.take();
-    metatree::apply_captured(&mut tree.tree, &*tree.store, captured)
-        .map_err(|e| format!("the metadata tree: {e}"))?;
+    metatree::apply_captured(&mut tree.tree, &*tree.store, captured).map_err(|e| match e {
+        e @ super::btree::TreeError::Io { .. } => FsError::from(e),
+        e => FsError::Corrupt(format!("the metadata tree: {e}")),
+    })?;
     Ok((orphans, Some(MountCheckpoint::Tree { gen, space })))
 }
 
@@ -458,23 +465,32 @@ fn upgraded_version(sb: &Superblock) -> u32 {
     if sb.version >= TREE_VERSION {
         LAZY_VERSION
     } else {
-        DEFAULT_VERSION
+        WHOLE_VERSION
     }
 }
 
 /// Apply `rec` at mount (replay, orphans), reading back the inodes it needs first on a
 /// volume whose inodes are read on demand: mount runs alone, so it reads them itself.
-fn apply_at_mount(meta: &mut Meta, rec: &Record, mode: ApplyMode) -> Result<(), MetaError> {
+/// The outer error fails the mount (an inode could not be read back: EIO, or a
+/// corrupt tree); the inner one is the record's own (it does not apply), which ends a
+/// replay where a torn transaction would.
+fn apply_at_mount(
+    meta: &mut Meta,
+    rec: &Record,
+    mode: ApplyMode,
+) -> FsResult<Result<(), MetaError>> {
     meta.take_misses();
     loop {
         let r = meta.apply(rec, mode);
         let missed = meta.take_misses();
         let (Err(_), false, Some(src)) = (&r, missed.is_empty(), meta.source()) else {
-            return r;
+            return Ok(r);
         };
         // Each round installs what it missed (or finds it gone): it ends.
         if !meta.install(src.read_inodes(&missed), Some(&missed))? {
-            return Err(MetaError("the durable root moved during mount".into()));
+            return Err(FsError::Corrupt(
+                "the durable root moved during mount".into(),
+            ));
         }
     }
 }
@@ -547,7 +563,7 @@ fn replay(
         // applied.
         let mut txn_data: Vec<(u64, Option<&Vec<u8>>)> = Vec::new();
         for (k, rec) in txn.records.iter().enumerate() {
-            let applied = apply_at_mount(meta, rec, ApplyMode::Replay);
+            let applied = apply_at_mount(meta, rec, ApplyMode::Replay)?;
             match (rec, &applied) {
                 (Record::DataBlock { block, data }, Ok(())) => txn_data.push((*block, Some(data))),
                 (Record::Revoke { block }, Ok(())) => txn_data.push((*block, None)),
@@ -612,7 +628,7 @@ impl Volume {
                 problems.len()
             )));
         }
-        let (orphans, ckpt) = prepare_mount(&mut l).map_err(FsError::Corrupt)?;
+        let (orphans, ckpt) = prepare_mount(&mut l)?;
         // Journaled data home before the checkpoint forgets the journal (its PREFLUSH
         // makes these writes durable first). Replay checked each lies in the data area.
         for (block, data) in &l.jdata {

@@ -528,7 +528,11 @@ impl Meta {
     }
 
     /// Install inodes read back; false if the durable root moved on since the read.
-    pub fn install(&mut self, read: Read, asked: Option<&[u64]>) -> Result<bool, MetaError> {
+    pub fn install(
+        &mut self,
+        read: Read,
+        asked: Option<&[u64]>,
+    ) -> Result<bool, super::error::FsError> {
         self.inodes.install(read, asked)
     }
 

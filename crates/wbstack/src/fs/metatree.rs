@@ -347,74 +347,129 @@ impl Captured {
         // name: their key order. A name linked and unlinked again is noted twice.
         self.dirents.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         self.dirents.dedup_by(|a, b| a.key == b.key);
-        let mut head = vec![TreeOp::Put(
-            vec![FS_RECORD],
-            self.next_ino.to_le_bytes().to_vec(),
-        )];
-        for ino in self.deleted {
-            let mut p = vec![INODE_SPACE];
-            p.extend_from_slice(&ino.to_be_bytes());
-            head.push(TreeOp::DelPrefix(p));
-        }
         OpChunks {
-            head,
+            head: vec![TreeOp::Put(
+                vec![FS_RECORD],
+                self.next_ino.to_le_bytes().to_vec(),
+            )],
+            deleted: self.deleted.into_iter(),
             inodes: self.inodes.into_iter(),
             extents: self.extents.into_iter(),
             dirents: self.dirents.into_iter(),
             targets: self.targets.into_iter(),
             xattrs: self.xattrs.into_iter(),
             orphans: self.orphans.into_iter(),
+            next: Default::default(),
+            last: None,
         }
     }
 }
 
+/// Kinds of change a checkpoint makes, each its own sorted stream (`OpChunks::next`).
+const KINDS: usize = 7;
+
 /// A checkpoint's tree operations, made as they are applied.
 pub struct OpChunks {
-    /// The filesystem record and the deleted inodes' prefixes: the first chunk.
+    /// The filesystem record: the first operation (its key sorts first).
     head: Vec<TreeOp>,
+    deleted: std::vec::IntoIter<u64>,
     inodes: std::vec::IntoIter<Now<u64, [u8; CORE_BYTES]>>,
     extents: std::vec::IntoIter<Now<(u64, u64), (u64, u64)>>,
     dirents: std::vec::IntoIter<Now<DirentAt, Named>>,
     targets: std::vec::IntoIter<Now<u64, Vec<u8>>>,
     xattrs: std::vec::IntoIter<Now<XattrAt, Vec<u8>>>,
     orphans: std::vec::IntoIter<Now<u64, ()>>,
+    /// Each kind's next operations (one key's, or the keys of one chunked value),
+    /// waiting for the merge; empty when taken (or the kind is spent).
+    next: [Vec<TreeOp>; KINDS],
+    /// The last key handed out, to check that chunks come in key order.
+    last: Option<Vec<u8>>,
 }
 
 impl OpChunks {
-    /// The next operations, about `max` of them, sorted by key; none once all are out.
-    /// Two kinds may share a chunk; no key is changed by two kinds (an inode's keys
-    /// are of one kind each, and a deleted inode has no value left to put).
+    /// The next operations, about `max` of them; none once all are out. They come in
+    /// key order across chunks, not only within one (each kind is sorted, and the
+    /// kinds are merged), so what lies below a chunk's last key is final for the
+    /// checkpoint (`Tree::write_dirty_below`). No key is changed by two kinds: an
+    /// inode's keys are of one kind each, and a deleted inode has no value left to put.
     pub fn next_chunk(&mut self, max: usize) -> Option<Vec<TreeOp>> {
         let mut ops = std::mem::take(&mut self.head);
         while ops.len() < max {
-            if let Some(n) = self.inodes.next() {
-                put_or_del(&mut ops, core_key(n.key), n.value.map(|v| v.to_vec()));
-            } else if let Some(n) = self.extents.next() {
-                let (ino, fb) = n.key;
-                let run = n
-                    .value
-                    .map(|(s, l)| [s.to_le_bytes(), l.to_le_bytes()].concat());
-                put_or_del(&mut ops, extent_key(ino, fb), run);
-            } else if let Some(n) = self.dirents.next() {
-                let d = n.key;
-                let key = dirent_key_hashed(d.dir, d.hash, &d.name);
-                put_or_del(&mut ops, key, n.value.map(encode_dirent));
-            } else if let Some(n) = self.targets.next() {
-                put_chunks(&mut ops, inode_prefix(n.key, TARGET), n.value.as_deref());
-            } else if let Some(n) = self.xattrs.next() {
-                let x = n.key;
-                put_chunks(&mut ops, xattr_prefix(x.ino, &x.name), n.value.as_deref());
-            } else if let Some(n) = self.orphans.next() {
-                put_or_del(&mut ops, orphan_key(n.key), n.value.map(|()| Vec::new()));
-            } else {
-                break;
+            for kind in 0..KINDS {
+                self.fill(kind);
             }
+            let Some(kind) = (0..KINDS)
+                .filter(|&k| !self.next[k].is_empty())
+                .min_by(|&a, &b| op_key(&self.next[a][0]).cmp(op_key(&self.next[b][0])))
+            else {
+                break;
+            };
+            ops.append(&mut self.next[kind]);
         }
         if ops.is_empty() {
             return None;
         }
-        ops.sort_by(|a, b| op_key(a).cmp(op_key(b)));
+        debug_assert!(
+            ops.windows(2).all(|w| op_key(&w[0]) <= op_key(&w[1]))
+                && self.last.as_deref().is_none_or(|l| l <= op_key(&ops[0])),
+            "a checkpoint's operations out of key order"
+        );
+        self.last = ops.last().map(|o| op_key(o).to_vec());
         Some(ops)
+    }
+
+    /// Make `kind`'s next operations if none wait.
+    fn fill(&mut self, kind: usize) {
+        let ops = &mut self.next[kind];
+        if !ops.is_empty() {
+            return;
+        }
+        match kind {
+            0 => {
+                if let Some(ino) = self.deleted.next() {
+                    let mut p = vec![INODE_SPACE];
+                    p.extend_from_slice(&ino.to_be_bytes());
+                    ops.push(TreeOp::DelPrefix(p));
+                }
+            }
+            1 => {
+                if let Some(n) = self.inodes.next() {
+                    put_or_del(ops, core_key(n.key), n.value.map(|v| v.to_vec()));
+                }
+            }
+            2 => {
+                if let Some(n) = self.extents.next() {
+                    let (ino, fb) = n.key;
+                    let run = n
+                        .value
+                        .map(|(s, l)| [s.to_le_bytes(), l.to_le_bytes()].concat());
+                    put_or_del(ops, extent_key(ino, fb), run);
+                }
+            }
+            3 => {
+                if let Some(n) = self.dirents.next() {
+                    let d = n.key;
+                    let key = dirent_key_hashed(d.dir, d.hash, &d.name);
+                    put_or_del(ops, key, n.value.map(encode_dirent));
+                }
+            }
+            4 => {
+                if let Some(n) = self.targets.next() {
+                    put_chunks(ops, inode_prefix(n.key, TARGET), n.value.as_deref());
+                }
+            }
+            5 => {
+                if let Some(n) = self.xattrs.next() {
+                    let x = n.key;
+                    put_chunks(ops, xattr_prefix(x.ino, &x.name), n.value.as_deref());
+                }
+            }
+            _ => {
+                if let Some(n) = self.orphans.next() {
+                    put_or_del(ops, orphan_key(n.key), n.value.map(|()| Vec::new()));
+                }
+            }
+        }
     }
 }
 
@@ -467,6 +522,28 @@ pub fn apply_captured_by(
     let mut chunks = c.into_chunks();
     while let Some(chunk) = chunks.next_chunk(chunk) {
         apply_sorted(tree, store, &chunk)?;
+    }
+    Ok(())
+}
+
+/// What `apply_captured_with` calls after each chunk: (the tree, the chunk's number of
+/// operations, its last key).
+pub type AfterChunk<'a, E> = dyn FnMut(&mut Tree, usize, &[u8]) -> Result<(), E> + 'a;
+
+/// `apply_captured`, calling `after(tree, ops, last)` after each chunk of `ops`
+/// operations whose last key is `last`: the chunks come in key order, so nothing below
+/// `last` changes again (`OpChunks::next_chunk`).
+pub fn apply_captured_with<E: From<TreeError>>(
+    tree: &mut Tree,
+    store: &dyn NodeStore,
+    c: Captured,
+    after: &mut AfterChunk<'_, E>,
+) -> Result<(), E> {
+    let mut chunks = c.into_chunks();
+    while let Some(chunk) = chunks.next_chunk(APPLY_CHUNK) {
+        apply_sorted(tree, store, &chunk)?;
+        let last = op_key(chunk.last().expect("a chunk is never empty"));
+        after(tree, chunk.len(), last)?;
     }
     Ok(())
 }

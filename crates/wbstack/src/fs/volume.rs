@@ -164,11 +164,11 @@ impl MountOptions {
             }
             "format" => {
                 let v = u32::try_from(num()?).map_err(|e| bad(e.to_string()))?;
-                if v != super::format::DEFAULT_VERSION && v != super::format::LAZY_VERSION {
+                if v != super::format::WHOLE_VERSION && v != super::format::LAZY_VERSION {
                     return Err(bad(format!(
                         "a new volume is format {} (the whole-metadata image) or {} (the \
                          metadata tree)",
-                        super::format::DEFAULT_VERSION,
+                        super::format::WHOLE_VERSION,
                         super::format::LAZY_VERSION
                     )));
                 }

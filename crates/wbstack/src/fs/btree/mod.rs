@@ -164,18 +164,7 @@ impl Tree {
 
     /// Nodes `write_dirty` would write now (so a caller can take their blocks at once).
     pub fn dirty_nodes(&self) -> usize {
-        fn count(l: &Link) -> usize {
-            match l {
-                Link::Clean(_) => 0,
-                Link::Dirty(n) => {
-                    1 + match &n.entries {
-                        Entries::Inner(e) => e.iter().map(|(_, c)| count(c)).sum(),
-                        Entries::Leaf(_) => 0,
-                    }
-                }
-            }
-        }
-        self.root.as_ref().map_or(0, count)
+        self.root.as_ref().map_or(0, count_dirty)
     }
 
     /// Whether anything changed since the last `write_dirty`.
@@ -339,6 +328,42 @@ impl Tree {
         };
         out.freed = std::mem::take(&mut self.freed);
         Ok(out)
+    }
+
+    /// Dirty nodes in subtrees wholly below `bound` (every key they may hold sorts
+    /// before it): what `write_dirty_below` would write now.
+    pub fn dirty_nodes_below(&self, bound: &[u8]) -> usize {
+        let mut n = 0;
+        if let Some(root) = &self.root {
+            below_in(root, None, bound, &mut |l| n += count_dirty(l));
+        }
+        n
+    }
+
+    /// Write the dirty subtrees wholly below `bound` as `write_dirty` does, leaving the
+    /// rest dirty; returns the nodes written. A checkpoint applies its changes in key
+    /// order, so what lies below the next change is final for it: written early, its
+    /// nodes leave memory instead of waiting for the whole checkpoint. The blocks of
+    /// the nodes replaced stay with the tree for `write_dirty` to hand over.
+    pub fn write_dirty_below(
+        &mut self,
+        bound: &[u8],
+        seq: u64,
+        alloc: &mut dyn FnMut() -> TreeResult<u64>,
+        write: &mut dyn FnMut(u64, Vec<u8>) -> TreeResult<()>,
+    ) -> TreeResult<usize> {
+        let (fs_id, node_size) = (self.fs_id, self.node_size);
+        let mut nodes = 0;
+        let mut sink = |b: u64, bytes: Vec<u8>| {
+            nodes += 1;
+            write(b, bytes)
+        };
+        if let Some(root) = self.root.as_mut() {
+            below_in_mut(root, None, bound, &mut |l| {
+                write_in(fs_id, node_size, l, seq, alloc, &mut sink)
+            })?;
+        }
+        Ok(nodes)
     }
 
     /// Walk the whole tree checking what lookups assume: every node decodes at its
@@ -644,6 +669,65 @@ fn rebalance(
     if left.encoded_len() > cx.node_size {
         let (sep, right) = split_node(left);
         e.insert(l + 1, (sep, Link::Dirty(Box::new(right))));
+    }
+    Ok(())
+}
+
+fn count_dirty(l: &Link) -> usize {
+    match l {
+        Link::Clean(_) => 0,
+        Link::Dirty(n) => {
+            1 + match &n.entries {
+                Entries::Inner(e) => e.iter().map(|(_, c)| count_dirty(c)).sum(),
+                Entries::Leaf(_) => 0,
+            }
+        }
+    }
+}
+
+/// Hand `f` each dirty subtree under `link` (whose keys lie below `hi`, or anywhere)
+/// that lies wholly below `bound`, topmost first; subtrees that reach `bound` are
+/// searched further.
+fn below_in(link: &Link, hi: Option<&[u8]>, bound: &[u8], f: &mut dyn FnMut(&Link)) {
+    let Link::Dirty(node) = link else { return };
+    if hi.is_some_and(|h| h <= bound) {
+        return f(link);
+    }
+    if let Entries::Inner(e) = &node.entries {
+        for (i, (_, child)) in e.iter().enumerate() {
+            let chi = e.get(i + 1).map(|(k, _)| k.as_slice()).or(hi);
+            below_in(child, chi, bound, f);
+            if chi.is_none_or(|h| h > bound) {
+                break; // the children after this one lie above `bound` too
+            }
+        }
+    }
+}
+
+/// `below_in` over a tree that `f` changes (writes).
+fn below_in_mut(
+    link: &mut Link,
+    hi: Option<&[u8]>,
+    bound: &[u8],
+    f: &mut dyn FnMut(&mut Link) -> TreeResult<()>,
+) -> TreeResult<()> {
+    let Link::Dirty(node) = link else {
+        return Ok(());
+    };
+    if hi.is_some_and(|h| h <= bound) {
+        return f(link);
+    }
+    if let Entries::Inner(e) = &mut node.entries {
+        for i in 0..e.len() {
+            let chi = e
+                .get(i + 1)
+                .map(|(k, _)| k.clone())
+                .or(hi.map(<[u8]>::to_vec));
+            below_in_mut(&mut e[i].1, chi.as_deref(), bound, f)?;
+            if chi.is_none_or(|h| h.as_slice() > bound) {
+                break;
+            }
+        }
     }
     Ok(())
 }
