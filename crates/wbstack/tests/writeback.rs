@@ -622,3 +622,114 @@ fn a_long_write_counts_every_page_once_across_its_batches() {
     v.bdi.sync().unwrap();
     assert_eq!(v.cache.nr_dirty(), 0);
 }
+
+/// A device that keeps the writes it is handed until the test completes them, one by
+/// one and in any order (`complete`), by passing them to the memory-backed null
+/// device below, which completes them at once in the calling thread. Reads pass
+/// straight through.
+struct WriteGate {
+    inner: wbstack::dev::DeviceRef,
+    held: parking_lot::Mutex<Vec<(wbstack::block::Request, wbstack::dev::Completer)>>,
+}
+
+impl WriteGate {
+    fn new() -> Arc<WriteGate> {
+        let inner = wbstack::dev::open(
+            "null,memory_backed=1,lbs=4096,size=64M",
+            QueueConfig::default().clock,
+        )
+        .unwrap();
+        Arc::new(WriteGate {
+            inner,
+            held: parking_lot::Mutex::new(Vec::new()),
+        })
+    }
+    fn held(&self) -> usize {
+        self.held.lock().len()
+    }
+    /// Complete the `i`-th held write (in arrival order among those still held).
+    fn complete(&self, i: usize) {
+        let (rq, done) = self.held.lock().remove(i);
+        self.inner.queue_rq(rq, &done);
+    }
+}
+
+impl wbstack::dev::Device for WriteGate {
+    fn queue_rq(&self, rq: wbstack::block::Request, done: &wbstack::dev::Completer) {
+        if rq.op == wbstack::block::Op::Write {
+            self.held.lock().push((rq, done.clone()));
+        } else {
+            self.inner.queue_rq(rq, done);
+        }
+    }
+    wbstack::stacked_device!(inner);
+}
+
+#[test]
+fn a_late_completion_of_a_cut_page_leaves_its_rewrite_under_writeback() {
+    // set_size(0) drops page 0 while its write is in flight (the deferred truncation
+    // of a file that stays in use does this). The file is written again and the new
+    // page 0 goes under writeback too. The old write completing must end nothing but
+    // its own write: the new page stays under writeback until its own write completes.
+    let gate = WriteGate::new();
+    let q = wbstack::block::RequestQueue::new(gate.clone(), QueueConfig::default()).unwrap();
+    let v = TestVolume::new(q, CacheConfig::default(), quiet_wb(false), 16);
+    let f = v.file(0);
+    let background = || wbstack::writeback::Wbc {
+        nr_to_write: i64::MAX,
+        for_background: true,
+        ..Default::default()
+    };
+
+    f.write_at(0, &page(0, 0)).unwrap();
+    f.writepages(&mut background()).unwrap();
+    wait_for("the old write to reach the device", || gate.held() == 1);
+    assert_eq!(f.nr_writeback(), 1);
+
+    f.set_size(0);
+    assert_eq!(f.nr_pages(), 0);
+    assert_eq!(f.nr_writeback(), 0, "the cut page is no longer waited for");
+    assert_eq!(
+        v.cache.nr_writeback(),
+        1,
+        "the old write is still in flight"
+    );
+
+    f.write_at(0, &page(0, 1)).unwrap();
+    f.writepages(&mut background()).unwrap();
+    wait_for("the new write to reach the device", || gate.held() == 2);
+    assert_eq!(f.nr_writeback(), 1);
+    assert_eq!(v.cache.nr_writeback(), 2);
+    assert_eq!(v.bdi.nr_writeback(), 2);
+
+    // The old write completes; the new one is still held by the device.
+    gate.complete(0);
+    assert_eq!(gate.held(), 1);
+    assert_eq!(v.cache.nr_writeback(), 1, "one write is still in flight");
+    assert_eq!(v.bdi.nr_writeback(), 1);
+    assert_eq!(
+        f.nr_writeback(),
+        1,
+        "the old write's completion ended the writeback of the rewritten page, \
+         whose own write is still in flight"
+    );
+    // Another pass must not claim the page again while its write is in flight.
+    f.write_at(0, &page(0, 2)).unwrap();
+    f.writepages(&mut background()).unwrap();
+    assert_eq!(gate.held(), 1, "a page under writeback was written again");
+
+    gate.complete(0);
+    assert_eq!(f.nr_writeback(), 0);
+    assert_eq!(v.cache.nr_writeback(), 0);
+    assert_eq!(v.bdi.nr_writeback(), 0);
+    // The third version is written once the second is home.
+    f.writepages(&mut background()).unwrap();
+    wait_for("the third write", || gate.held() == 1);
+    gate.complete(0);
+    assert_eq!(f.nr_writeback(), 0);
+    assert_eq!(v.cache.nr_writeback(), 0);
+    let f = v.evict(0, PAGE_SIZE as u64).unwrap();
+    let mut out = vec![0u8; PAGE_SIZE];
+    f.read_at(0, &mut out).unwrap();
+    assert_eq!(out, page(0, 2));
+}
