@@ -38,7 +38,7 @@ use super::format::{InodeKind, Record, BLOCK_SIZE};
 use super::volume::{State, Vol};
 use crate::block::{Bio, BioEndIo, BioFlags, BlkError, BlkResult, Plug};
 use crate::buf::IoBuf;
-use crate::mm::Mapping;
+use crate::mm::{Mapping, WbGen};
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
@@ -76,6 +76,9 @@ pub(super) struct JHome {
     pub data: IoBuf,
     pub mapping: Arc<Mapping>,
     pub index: u64,
+    /// The claim that put the page under writeback (`Mapping::claim_dirty`): its home
+    /// write ends only that page's writeback, not a newer page at the same index.
+    pub gen: WbGen,
 }
 
 impl Vol {
@@ -112,7 +115,7 @@ impl Vol {
                 return false;
             }
         }
-        let Some(pages) = mapping.claim_dirty(max_pages) else {
+        let Some((gen, pages)) = mapping.claim_dirty(max_pages) else {
             return false;
         };
         let now = self.now();
@@ -123,11 +126,13 @@ impl Vol {
             st.txn_jdata_pages,
             self.sb.journal_blocks,
         ) && eligible(&st, ino)
-            && self.log_pages(&mut st, ino, mapping, &pages, now).is_ok();
+            && self
+                .log_pages(&mut st, ino, mapping, gen, &pages, now)
+                .is_ok();
         drop(st);
         if !taken {
             let idx: Vec<u64> = pages.iter().map(|(k, _)| *k).collect();
-            mapping.unclaim(&idx);
+            mapping.unclaim(gen, &idx);
         }
         taken
     }
@@ -139,6 +144,7 @@ impl Vol {
         st: &mut State,
         ino: u64,
         mapping: &Arc<Mapping>,
+        gen: WbGen,
         pages: &[(u64, IoBuf)],
         now: u64,
     ) -> FsResult<()> {
@@ -235,6 +241,7 @@ impl Vol {
                 data: data.clone(),
                 mapping: mapping.clone(),
                 index: *p,
+                gen,
             });
         }
         st.txn_jdata_pages += pages.len() as u64;
@@ -297,7 +304,7 @@ impl Vol {
                 tid,
                 pages: home[i..j]
                     .iter()
-                    .map(|h| (h.mapping.clone(), h.index))
+                    .map(|h| (h.mapping.clone(), h.index, h.gen))
                     .collect(),
             });
             let bio = Bio::write(home[i].block * SECTORS_PER_BLOCK, buf)
@@ -341,7 +348,7 @@ impl Vol {
     pub(super) fn fail_home(&self) {
         let home = std::mem::take(&mut self.st.lock().jhome);
         for h in home {
-            h.mapping.end_claimed(h.index, 1, Err(BlkError::Io));
+            h.mapping.end_claimed(h.index, 1, h.gen, Err(BlkError::Io));
         }
     }
 }
@@ -358,13 +365,13 @@ struct HomeEnd {
     vol: Weak<Vol>,
     home: Arc<HomeWrites>,
     tid: u64,
-    pages: Vec<(Arc<Mapping>, u64)>,
+    pages: Vec<(Arc<Mapping>, u64, WbGen)>,
 }
 
 impl HomeEnd {
     fn done(&self, status: BlkResult) {
-        for (m, index) in &self.pages {
-            m.end_claimed(*index, 1, status.clone());
+        for (m, index, gen) in &self.pages {
+            m.end_claimed(*index, 1, *gen, status.clone());
         }
         if let Err(e) = &status {
             // The next checkpoint would forget the only good copy: stop here.

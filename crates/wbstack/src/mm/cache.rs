@@ -181,10 +181,21 @@ impl PageCache {
     }
 }
 
+/// Which claim put a page under writeback: a per-mapping generation stamped on the
+/// pages one claim takes (a batch of `writepages`, or `claim_dirty`) and carried by
+/// the write's completion, which ends writeback only on pages still bearing it. A page
+/// dropped under writeback (`set_size`) may have been written again and claimed anew
+/// at the same index by the time the old write completes: that completion must leave
+/// the new page, whose own write is still in flight, alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WbGen(u64);
+
 struct Page {
     buf: IoBuf,
     dirty: bool,
     writeback: bool,
+    /// The claim that put the page under writeback (meaningful while `writeback`).
+    wb_gen: WbGen,
     towrite: bool,
     uptodate: bool,
     /// A read is filling it; wait on the mapping's condvar.
@@ -198,6 +209,7 @@ impl Page {
             buf,
             dirty: false,
             writeback: false,
+            wb_gen: WbGen(0),
             towrite: false,
             uptodate,
             reading: false,
@@ -251,6 +263,8 @@ struct Inner {
     nr_dirty: u64,
     /// Pages under writeback.
     nr_wb: u64,
+    /// The last writeback generation handed out (`WbGen`); never reused.
+    wb_gen: u64,
     /// Cyclic writeback cursor (mapping->writeback_index).
     writeback_index: u64,
     ra: Readahead,
@@ -311,6 +325,7 @@ impl Mapping {
                 size,
                 nr_dirty: 0,
                 nr_wb: 0,
+                wb_gen: 0,
                 writeback_index: 0,
                 ra: Readahead::default(),
                 error: None,
@@ -395,10 +410,27 @@ impl Mapping {
         if p.dirty {
             p.dirty = false;
             p.towrite = false;
+            debug_assert!(*nr_dirty > 0, "a dirty page not counted");
             *nr_dirty -= 1;
-            self.cache().nr_dirty.fetch_sub(1, Ordering::Relaxed);
+            let prev = self.cache().nr_dirty.fetch_sub(1, Ordering::Relaxed);
+            debug_assert!(prev > 0, "a dirty page not counted globally");
             self.bdi.account_cleaned(1);
         }
+    }
+
+    /// A new writeback generation, for the pages of one claim. A claim takes a page
+    /// index at most once, so (index, generation) names one write of one page.
+    fn next_wb_gen(inner: &mut Inner) -> WbGen {
+        inner.wb_gen += 1;
+        WbGen(inner.wb_gen)
+    }
+
+    /// Put a clean page under writeback for the claim `gen`.
+    fn start_page_writeback(p: &mut Page, nr_wb: &mut u64, gen: WbGen) {
+        debug_assert!(!p.writeback, "a page claimed twice for writeback");
+        p.writeback = true;
+        p.wb_gen = gen;
+        *nr_wb += 1;
     }
 
     /// Buffered write of `data` at byte `off`. Partial pages inside the file are read
@@ -802,8 +834,10 @@ impl Mapping {
     }
 
     /// Change the file size; pages past the new end are dropped (dirty ones too), even
-    /// under writeback: their writes still complete. Only for a file whose blocks go
-    /// with it (deletion, eviction); a truncation that keeps the file uses `truncate`.
+    /// under writeback: their writes still complete, ending the writeback of no page
+    /// that replaced them (`WbGen`). Only for a file whose blocks go with it (deletion,
+    /// eviction, a deferred truncation to zero); a truncation that keeps the file's
+    /// blocks uses `truncate`.
     pub fn set_size(&self, size: u64) {
         let mut inner = self.inner.lock();
         self.cut_pages(&mut inner, size, false);
@@ -851,7 +885,10 @@ impl Mapping {
             }
             let p = inner.pages.remove(&k).unwrap();
             if p.writeback {
-                // Its IO still completes; waiters must not wait for a page gone.
+                // Its IO still completes (and then finds its page gone, or another
+                // page at this index: see `WbGen`); waiters must not wait for a page
+                // gone.
+                debug_assert!(inner.nr_wb > 0, "a page under writeback not counted");
                 inner.nr_wb -= 1;
             }
             self.cache().nr_pages.fetch_sub(1, Ordering::Relaxed);
@@ -942,8 +979,12 @@ impl Mapping {
             // Runs of (first index, page copies).
             let mut runs: Vec<(u64, Vec<IoBuf>)> = Vec::new();
             let mut claimed = 0u64;
+            let gen;
             {
                 let mut inner = self.inner.lock();
+                // One generation for the batch: `keys` holds each index once, so no
+                // page is claimed twice under it, even across the sleeps below.
+                gen = Self::next_wb_gen(&mut inner);
                 while i < keys.len() && claimed < max_pages {
                     let k = keys[i];
                     if wbc.nr_to_write <= 0 && !wbc.sync_all {
@@ -966,7 +1007,7 @@ impl Mapping {
                     if skip {
                         continue;
                     }
-                    let mut nd = inner.nr_dirty;
+                    let (mut nd, mut nw) = (inner.nr_dirty, inner.nr_wb);
                     let Some(p) = inner.pages.get_mut(&k) else {
                         continue;
                     };
@@ -974,10 +1015,10 @@ impl Mapping {
                         continue;
                     }
                     self.clear_dirty(p, &mut nd);
-                    p.writeback = true;
+                    Self::start_page_writeback(p, &mut nw, gen);
                     let copy = IoBuf::from_slice(p.buf.as_slice());
                     inner.nr_dirty = nd;
-                    inner.nr_wb += 1;
+                    inner.nr_wb = nw;
                     match runs.last_mut() {
                         Some((s, v))
                             if *s + v.len() as u64 == k && (v.len() as u64) < max_pages =>
@@ -1004,7 +1045,7 @@ impl Mapping {
                     .inode_writeback_start(&(self.arc() as Arc<dyn WbInode>));
                 registered = true;
             }
-            if let Err(e) = self.submit_runs(&q, runs, wbc.bio_flags()) {
+            if let Err(e) = self.submit_runs(&q, runs, gen, wbc.bio_flags()) {
                 first_err = first_err.and(Err(e));
             }
         }
@@ -1019,6 +1060,7 @@ impl Mapping {
         &self,
         q: &Arc<crate::block::RequestQueue>,
         runs: Vec<(u64, Vec<IoBuf>)>,
+        gen: WbGen,
         flags: BioFlags,
     ) -> BlkResult {
         let mut first_err = Ok(());
@@ -1027,7 +1069,7 @@ impl Mapping {
             let map = match self.ops.map_write(self.ino, start, n) {
                 Ok(m) => m,
                 Err(e) => {
-                    self.end_writeback(start, n, u64::MAX, Err(e.clone()));
+                    self.end_writeback(start, n, gen, u64::MAX, Err(e.clone()));
                     first_err = first_err.and(Err(e));
                     continue;
                 }
@@ -1036,7 +1078,7 @@ impl Mapping {
             if mapped < n {
                 // The filesystem has no blocks for the rest (the inode went away while
                 // its pages were being claimed): nothing to write, nothing failed.
-                self.end_writeback(start + mapped, n - mapped, u64::MAX, Ok(()));
+                self.end_writeback(start + mapped, n - mapped, gen, u64::MAX, Ok(()));
             }
             let mut it = pages.into_iter();
             let mut idx = start;
@@ -1050,10 +1092,11 @@ impl Mapping {
                         mapping: self.arc(),
                         index: idx,
                         pages: cnt,
+                        gen,
                         sector,
                     }));
                 if let Err(e) = q.submit_bio(bio) {
-                    self.end_writeback(idx, cnt, sector, Err(e.clone()));
+                    self.end_writeback(idx, cnt, gen, sector, Err(e.clone()));
                     first_err = first_err.and(Err(e));
                 }
                 idx += cnt;
@@ -1066,8 +1109,9 @@ impl Mapping {
     /// in a commit, `fs::jdata`): when 1 to `max` pages are dirty and no page is
     /// under writeback, each is cleaned, put under writeback and copied, as
     /// `writepages` claims a page. The filesystem ends their writeback with
-    /// [`Mapping::end_claimed`] or gives them back with [`Mapping::unclaim`].
-    pub fn claim_dirty(&self, max: u64) -> Option<Vec<(u64, IoBuf)>> {
+    /// [`Mapping::end_claimed`] or gives them back with [`Mapping::unclaim`], naming
+    /// the claim by the generation returned with the pages.
+    pub fn claim_dirty(&self, max: u64) -> Option<(WbGen, Vec<(u64, IoBuf)>)> {
         let mut inner = self.inner.lock();
         // Nothing of the inode in flight: once claimed, every page under writeback is
         // one the caller writes, so it need not wait for any other.
@@ -1080,15 +1124,16 @@ impl Mapping {
             .filter(|(_, p)| p.dirty)
             .map(|(k, _)| *k)
             .collect();
+        let gen = Self::next_wb_gen(&mut inner);
         let mut out = Vec::with_capacity(keys.len());
         for k in keys {
-            let mut nd = inner.nr_dirty;
+            let (mut nd, mut nw) = (inner.nr_dirty, inner.nr_wb);
             let p = inner.pages.get_mut(&k).expect("listed above");
             self.clear_dirty(p, &mut nd);
-            p.writeback = true;
+            Self::start_page_writeback(p, &mut nw, gen);
             out.push((k, IoBuf::from_slice(p.buf.as_slice())));
             inner.nr_dirty = nd;
-            inner.nr_wb += 1;
+            inner.nr_wb = nw;
         }
         drop(inner);
         let n = out.len() as u64;
@@ -1096,38 +1141,54 @@ impl Mapping {
         self.bdi.account_writeback_start(n);
         self.bdi
             .inode_writeback_start(&(self.arc() as Arc<dyn WbInode>));
-        Some(out)
+        Some((gen, out))
     }
 
     /// End the writeback of pages claimed by [`Mapping::claim_dirty`] (their home
     /// write completed, or failed: the error goes to the mapping as any write error),
-    /// without the filesystem's `end_write`: their metadata went with the data.
-    pub fn end_claimed(&self, index: u64, n: u64, status: BlkResult) {
-        self.end_writeback_as(index, n, None, status);
+    /// without the filesystem's `end_write`: their metadata went with the data. Each
+    /// claimed page is ended exactly once; a page cut away meanwhile (or replaced by a
+    /// newer one at its index) only has its write counted out.
+    pub fn end_claimed(&self, index: u64, n: u64, gen: WbGen, status: BlkResult) {
+        self.end_writeback_as(index, n, gen, None, status);
     }
 
-    /// Give back pages claimed by [`Mapping::claim_dirty`] that the filesystem did not
-    /// take after all: dirty again (if still here) and out of writeback.
-    pub fn unclaim(&self, pages: &[u64]) {
+    /// Give back pages claimed by [`Mapping::claim_dirty`] (as claim `gen`) that the
+    /// filesystem did not take after all: dirty again (if still the claimed page) and
+    /// out of writeback.
+    pub fn unclaim(&self, gen: WbGen, pages: &[u64]) {
         {
             let mut inner = self.inner.lock();
             for &k in pages {
-                if inner.pages.get(&k).is_some_and(|p| p.writeback) {
+                if inner
+                    .pages
+                    .get(&k)
+                    .is_some_and(|p| p.writeback && p.wb_gen == gen)
+                {
                     self.set_dirty(&mut inner, k);
                 }
             }
         }
         for &k in pages {
-            self.end_writeback_as(k, 1, None, Ok(()));
+            self.end_writeback_as(k, 1, gen, None, Ok(()));
         }
         self.bdi.mark_inode_dirty(self.arc());
     }
 
-    fn end_writeback(&self, index: u64, n: u64, sector: u64, status: BlkResult) {
-        self.end_writeback_as(index, n, Some(sector), status);
+    fn end_writeback(&self, index: u64, n: u64, gen: WbGen, sector: u64, status: BlkResult) {
+        self.end_writeback_as(index, n, gen, Some(sector), status);
     }
 
-    fn end_writeback_as(&self, index: u64, n: u64, sector: Option<u64>, status: BlkResult) {
+    /// The write of pages [index, index+n), claimed as `gen`, ended: those of its pages
+    /// still here leave writeback, and the global counts lose the `n` pages once.
+    fn end_writeback_as(
+        &self,
+        index: u64,
+        n: u64,
+        gen: WbGen,
+        sector: Option<u64>,
+        status: BlkResult,
+    ) {
         if let Some(sector) = sector {
             let size = self.size();
             self.ops
@@ -1137,9 +1198,12 @@ impl Mapping {
         for i in index..index + n {
             if let Some(p) = inner.pages.get_mut(&i) {
                 // A failed page is left clean, as the kernel does: the error lives in
-                // the mapping, not the page, and the data is not retried.
-                if p.writeback {
+                // the mapping, not the page, and the data is not retried. A page of
+                // another claim is not this write's: the page this write copied was
+                // cut away under writeback (`set_size`) and the index written again.
+                if p.writeback && p.wb_gen == gen {
                     p.writeback = false;
+                    debug_assert!(inner.nr_wb > 0, "a page under writeback not counted");
                     inner.nr_wb -= 1;
                 }
             }
@@ -1155,7 +1219,8 @@ impl Mapping {
         }
         let idle = inner.nr_wb == 0;
         drop(inner);
-        self.cache().nr_writeback.fetch_sub(n, Ordering::Relaxed);
+        let prev = self.cache().nr_writeback.fetch_sub(n, Ordering::Relaxed);
+        debug_assert!(prev >= n, "{n} pages left writeback with {prev} counted");
         self.bdi.account_written(n, status.is_ok());
         if idle {
             self.bdi.inode_writeback_end(self);
@@ -1249,13 +1314,15 @@ struct WriteEnd {
     mapping: Arc<Mapping>,
     index: u64,
     pages: u64,
+    /// The claim that put these pages under writeback.
+    gen: WbGen,
     sector: u64,
 }
 
 impl BioEndIo for WriteEnd {
     fn end_io(&self, _bio: Bio, status: BlkResult) {
         self.mapping
-            .end_writeback(self.index, self.pages, self.sector, status);
+            .end_writeback(self.index, self.pages, self.gen, self.sector, status);
     }
 }
 

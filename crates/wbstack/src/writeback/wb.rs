@@ -327,13 +327,15 @@ impl Bdi {
         self.dirtied_total.fetch_add(n, Ordering::Relaxed);
     }
     pub fn account_cleaned(&self, n: u64) {
-        self.nr_dirty.fetch_sub(n, Ordering::Relaxed);
+        let prev = self.nr_dirty.fetch_sub(n, Ordering::Relaxed);
+        debug_assert!(prev >= n, "{n} pages cleaned with {prev} dirty counted");
     }
     pub fn account_writeback_start(&self, n: u64) {
         self.nr_writeback.fetch_add(n, Ordering::Relaxed);
     }
     pub fn account_written(&self, n: u64, ok: bool) {
-        self.nr_writeback.fetch_sub(n, Ordering::Relaxed);
+        let prev = self.nr_writeback.fetch_sub(n, Ordering::Relaxed);
+        debug_assert!(prev >= n, "{n} pages written with {prev} under writeback");
         self.written_total.fetch_add(n, Ordering::Relaxed);
         if !ok {
             self.write_errors.fetch_add(1, Ordering::Relaxed);
