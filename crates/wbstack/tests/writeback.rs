@@ -733,3 +733,88 @@ fn a_late_completion_of_a_cut_page_leaves_its_rewrite_under_writeback() {
     f.read_at(0, &mut out).unwrap();
     assert_eq!(out, page(0, 2));
 }
+
+#[test]
+fn claimed_pages_and_bio_writes_end_only_their_own_pages() {
+    // The same as above across the filesystem's own writes of claimed pages
+    // (`claim_dirty`, journaled data): each end, of a bio or of a claim, ends the
+    // writeback of the pages it wrote and of no newer page at their index.
+    let gate = WriteGate::new();
+    let q = wbstack::block::RequestQueue::new(gate.clone(), QueueConfig::default()).unwrap();
+    let v = TestVolume::new(q, CacheConfig::default(), quiet_wb(false), 16);
+    let f = v.file(0);
+    let background = || wbstack::writeback::Wbc {
+        nr_to_write: i64::MAX,
+        for_background: true,
+        ..Default::default()
+    };
+
+    // A bio write in flight, cut; the rewrite claimed by the filesystem.
+    f.write_at(0, &page(0, 0)).unwrap();
+    f.writepages(&mut background()).unwrap();
+    wait_for("the bio write to reach the device", || gate.held() == 1);
+    f.set_size(0);
+    f.write_at(0, &page(0, 1)).unwrap();
+    let (claim, pages) = f
+        .claim_dirty(4)
+        .expect("nothing of the file under writeback");
+    assert_eq!(pages.len(), 1);
+    assert_eq!(f.nr_writeback(), 1);
+    gate.complete(0);
+    assert_eq!(
+        f.nr_writeback(),
+        1,
+        "the bio's completion ended a claimed page"
+    );
+    assert_eq!(v.cache.nr_writeback(), 1);
+    f.end_claimed(0, 1, claim, Ok(()));
+    assert_eq!(f.nr_writeback(), 0);
+    assert_eq!(v.cache.nr_writeback(), 0);
+    assert_eq!(v.bdi.nr_writeback(), 0);
+
+    // A claim in flight, cut; the rewrite goes out as a bio: the old claim's end must
+    // leave it under writeback.
+    f.write_at(0, &page(0, 2)).unwrap();
+    let (old, _) = f.claim_dirty(4).unwrap();
+    f.set_size(0);
+    f.write_at(0, &page(0, 3)).unwrap();
+    f.writepages(&mut background()).unwrap();
+    wait_for("the bio write to reach the device", || gate.held() == 1);
+    assert_eq!(v.cache.nr_writeback(), 2);
+    f.end_claimed(0, 1, old, Ok(()));
+    assert_eq!(
+        f.nr_writeback(),
+        1,
+        "a claim's end ended a bio write's page"
+    );
+    assert_eq!(v.cache.nr_writeback(), 1);
+    gate.complete(0);
+    assert_eq!(f.nr_writeback(), 0);
+    assert_eq!(v.cache.nr_writeback(), 0);
+
+    // A claim given back after its page was cut and the index claimed anew: the new
+    // claim's page stays clean and under writeback.
+    f.write_at(0, &page(0, 4)).unwrap();
+    let (old, _) = f.claim_dirty(4).unwrap();
+    f.set_size(0);
+    f.write_at(0, &page(0, 5)).unwrap();
+    let (new, _) = f.claim_dirty(4).unwrap();
+    assert_ne!(old, new);
+    f.unclaim(old, &[0]);
+    assert_eq!(
+        f.nr_dirty(),
+        0,
+        "giving back the old claim dirtied the new page"
+    );
+    assert_eq!(
+        f.nr_writeback(),
+        1,
+        "giving back the old claim ended the new one"
+    );
+    assert_eq!(v.cache.nr_writeback(), 1);
+    f.end_claimed(0, 1, new, Ok(()));
+    assert_eq!(f.nr_writeback(), 0);
+    assert_eq!(v.cache.nr_writeback(), 0);
+    assert_eq!(v.bdi.nr_writeback(), 0);
+    assert_eq!(v.cache.nr_dirty(), 0);
+}
