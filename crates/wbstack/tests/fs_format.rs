@@ -91,6 +91,8 @@ proptest! {
         let t = Txn { fs_id, tid, records };
         let enc = t.encode();
         prop_assert_eq!(enc.len() % BLOCK_SIZE, 0);
+        // The committer places a transaction by this length before it encodes it.
+        prop_assert_eq!(t.encoded_len(), enc.len());
         let (back, used) = Txn::decode(&enc).unwrap();
         prop_assert_eq!(used, enc.len());
         prop_assert_eq!(back, t);

@@ -351,3 +351,84 @@ fn the_policy_takes_small_fsyncs_only() {
     drop((f, g));
     v.unmount().unwrap();
 }
+
+/// `commit_flush=needed` (the default): a small journaled fsync after the last flush
+/// is one FUA write and no flush; `always` flushes at every commit. A write completed
+/// without FUA since the last flush (ordered data of another file, written back and
+/// logged) makes the next commit flush again: after a power cut, the data its extent
+/// names is there.
+#[test]
+fn a_journaled_fsync_flushes_only_when_a_write_completed_since_the_last_flush() {
+    for always in [false, true] {
+        let q = common::queue("sim:ssd,size=64M");
+        Volume::mkfs(&q, &Default::default()).unwrap();
+        let mut o = jopts(64);
+        o.commit_flush_always = always;
+        let v = Volume::mount(q.clone(), o.clone()).unwrap();
+        // The first commit flushes whatever mount wrote.
+        let f = v.create("/first").unwrap();
+        f.write_at(0, &pattern(9, 4096)).unwrap();
+        f.fsync().unwrap();
+        let (dev0, j0) = (common::sim(&q).stats(), v.journal_stats());
+        for i in 0..10u8 {
+            let f = v.create(&format!("/f{i}")).unwrap();
+            f.write_at(0, &pattern(i, 4096)).unwrap();
+            f.fsync().unwrap();
+        }
+        let (dev1, j1) = (common::sim(&q).stats(), v.journal_stats());
+        assert_eq!(
+            j1.data_fsyncs - j0.data_fsyncs,
+            10,
+            "journaled (always={always})"
+        );
+        assert_eq!(
+            dev1.fua_writes - dev0.fua_writes,
+            10,
+            "one commit write each"
+        );
+        let (flushes, unflushed) = if always { (10, 0) } else { (0, 10) };
+        assert_eq!(dev1.flushes - dev0.flushes, flushes, "always={always}");
+        assert_eq!(
+            j1.commits_without_flush - j0.commits_without_flush,
+            unflushed,
+            "always={always}"
+        );
+        assert_eq!(
+            dev1.writes,
+            dev0.writes + 10,
+            "no home write yet: held for a batch"
+        );
+
+        // Ordered data: too big to journal, written back (a volatile write), its extent
+        // logged in the running transaction; a small fsync then commits that extent.
+        let big = pattern(7, 128 * 1024);
+        let b = v.create("/big").unwrap();
+        b.write_at(0, &big).unwrap();
+        v.mapping_of("/big")
+            .unwrap()
+            .write_and_wait(0, u64::MAX)
+            .unwrap();
+        let before = common::sim(&q).stats();
+        let g = v.create("/g").unwrap();
+        g.write_at(0, &pattern(11, 4096)).unwrap();
+        g.fsync().unwrap();
+        let after = common::sim(&q).stats();
+        assert_eq!(
+            after.flushes - before.flushes,
+            1,
+            "the extent's data is flushed first"
+        );
+        // The cut loses every write not flushed: /big's data must have been.
+        common::sim(&q).power_cut(false);
+        v.crash();
+        common::sim(&q).reboot();
+        let v = Volume::mount(q.clone(), o).unwrap();
+        assert_eq!(read_all(&v, "/big"), big, "always={always}");
+        assert_eq!(read_all(&v, "/g"), pattern(11, 4096));
+        for i in 0..10u8 {
+            assert_eq!(read_all(&v, &format!("/f{i}")), pattern(i, 4096));
+        }
+        assert!(v.check().is_empty(), "{:?}", v.check());
+        v.unmount().unwrap();
+    }
+}

@@ -18,6 +18,9 @@ pub struct FsyncArm {
     pub threads: usize,
     /// The mount's journal_data_kb (0: ordered data, the default).
     pub journal_data_kb: u64,
+    /// The mount's commit_flush=always: every commit flushes (the behaviour before
+    /// commits flushed only when a write completed since the last flush).
+    pub commit_flush_always: bool,
     pub files: u64,
     /// fs_mark's average files/s over the loops.
     pub files_per_sec: f64,
@@ -66,22 +69,24 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
     mount
         .parse(&format!("cache_size={cache}"))
         .map_err(|e| e.to_string())?;
-    // The last two arms: the same -S1 runs with journaled data (fs::jdata), each
-    // fsync's data carried in its commit.
-    let arms_spec: [(&str, SyncMethod, usize, u64); 6] = [
-        ("S0-8", SyncMethod::None, 8, 0),
-        ("S1-8", SyncMethod::Fsync, 8, 0),
-        ("A-8", SyncMethod::Async, 8, 0),
-        ("S1-1", SyncMethod::Fsync, 1, 0),
-        ("S1-8j", SyncMethod::Fsync, 8, FSYNC_JDATA_KB),
-        ("S1-1j", SyncMethod::Fsync, 1, FSYNC_JDATA_KB),
+    // The j arms: the same -S1 runs with journaled data (fs::jdata), each fsync's data
+    // carried in its commit; S1-8jf with commit_flush=always, every commit a flush.
+    let arms_spec: [(&str, SyncMethod, usize, u64, bool); 7] = [
+        ("S0-8", SyncMethod::None, 8, 0, false),
+        ("S1-8", SyncMethod::Fsync, 8, 0, false),
+        ("A-8", SyncMethod::Async, 8, 0, false),
+        ("S1-1", SyncMethod::Fsync, 1, 0, false),
+        ("S1-8j", SyncMethod::Fsync, 8, FSYNC_JDATA_KB, false),
+        ("S1-8jf", SyncMethod::Fsync, 8, FSYNC_JDATA_KB, true),
+        ("S1-1j", SyncMethod::Fsync, 1, FSYNC_JDATA_KB, false),
     ];
     let mut arms = Vec::new();
     let mut timelines = Vec::new();
     let mut commands = Vec::new();
-    for (name, sync, threads, jdata_kb) in arms_spec {
+    for (name, sync, threads, jdata_kb, flush_always) in arms_spec {
         let mopts = wbstack::fs::MountOptions {
             journal_data_kb: jdata_kb,
+            commit_flush_always: flush_always,
             ..mount.clone()
         };
         let vfs = Arc::new(volfs::VolumeFs::format(FSYNC_DEVICE, mopts)?);
@@ -108,7 +113,8 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
             SyncMethod::Async => "A",
         };
         commands.push(format!(
-            "wbstack bench fsmark --device {FSYNC_DEVICE} -o cache_size={cache},journal_data_kb={jdata_kb} {} -D 100 -S{sync_flag} -n {per_thread} -s 4096 -L {loops}{}",
+            "wbstack bench fsmark --device {FSYNC_DEVICE} -o cache_size={cache},journal_data_kb={jdata_kb}{} {} -D 100 -S{sync_flag} -n {per_thread} -s 4096 -L {loops}{}",
+            if flush_always { ",commit_flush=always" } else { "" },
             (0..threads).map(|i| format!("-d {i}")).collect::<Vec<_>>().join(" "),
             if sync == SyncMethod::Async { format!(" --async-depth {FSYNC_ASYNC_DEPTH}") } else { String::new() }
         ));
@@ -136,6 +142,7 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
             sync: sync_flag.into(),
             threads,
             journal_data_kb: jdata_kb,
+            commit_flush_always: flush_always,
             files: t.files,
             files_per_sec: t.files_per_sec,
             files_per_sec_incl_sync: t.files_per_sec_incl_sync,
@@ -283,6 +290,17 @@ pub fn table_fsync(e: &Experiment<FsyncArm>) -> String {
             s1.fsyncs_per_device_io,
             j8.files_per_sec / s1.files_per_sec.max(1e-9),
             j1.files_per_sec / one.files_per_sec.max(1e-9)
+        );
+    }
+    if let (Some(j8), Some(jf)) = (get("S1-8j"), get("S1-8jf")) {
+        outln!(
+            out,
+            "commit_flush=needed (S1-8j) against always (S1-8jf): {:.1} against {:.1} fsyncs per device IO, {} against {} device flushes, files/s {:.2}x",
+            j8.fsyncs_per_device_io,
+            jf.fsyncs_per_device_io,
+            j8.device_flushes,
+            jf.device_flushes,
+            j8.files_per_sec / jf.files_per_sec.max(1e-9)
         );
     }
     out

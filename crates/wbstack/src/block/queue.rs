@@ -104,6 +104,10 @@ struct QueueCore {
     /// submission and one at dispatch; on, reads pay a few more.
     wbt: Wbt,
     clock: ClockRef,
+    /// Writes completed without FUA (successful or not): what a volatile cache may
+    /// still hold. A filesystem that saw this unchanged since it last issued a flush
+    /// knows a FUA write alone is durable with everything before it.
+    volatile_writes: AtomicU64,
 }
 
 impl QueueCore {
@@ -191,6 +195,11 @@ impl RqComplete for QueueCore {
             let now = coarse.unwrap_or_else(|| self.clock.coarse_ns());
             self.wbt.done(&rq, wbt_flags, now);
         }
+        if rq.op == Op::Write && !rq.flags.contains(BioFlags::FUA) {
+            // Before the bios end: whatever their completion makes depend on this
+            // write (an extent logged for ordered data) is seen after the count is.
+            self.volatile_writes.fetch_add(1, Ordering::AcqRel);
+        }
         // Free the tag before ending the bios, so a submitter woken by its bio finds it.
         self.hctxs[rq.hctx as usize].put(rq.tag);
         let n = rq.bios.len();
@@ -243,6 +252,7 @@ impl RequestQueue {
             qos_active: AtomicBool::new(false),
             wbt,
             clock: cfg.clock.clone(),
+            volatile_writes: AtomicU64::new(0),
         });
         let limits = QueueLimits {
             logical_block_size: g.logical_block_size,
@@ -632,6 +642,14 @@ impl RequestQueue {
                 .with_end_io(w.clone()),
         )?;
         w.wait_one().1
+    }
+
+    /// Writes completed without FUA since the queue was made. A flush issued after
+    /// reading N covers the first N; while the count stays N, nothing completed that
+    /// a volatile cache could lose, so a FUA write needs no PREFLUSH to be durable
+    /// after everything before it.
+    pub fn volatile_writes(&self) -> u64 {
+        self.core.volatile_writes.load(Ordering::Acquire)
     }
 
     /// Flush the device's volatile cache and wait.

@@ -692,6 +692,13 @@ pub struct Txn {
 pub const TXN_HEADER: usize = 4 + 8 + 8 + 4 + 4;
 
 impl Txn {
+    /// The length `encode` gives (whole blocks), without encoding: the committer
+    /// decides where the transaction goes under `st` and encodes it after.
+    pub fn encoded_len(&self) -> usize {
+        let body_len: usize = self.records.iter().map(Record::encoded_len).sum();
+        (TXN_HEADER + body_len + 4).next_multiple_of(BLOCK_SIZE)
+    }
+
     /// Encoded and padded to whole blocks.
     pub fn encode(&self) -> Vec<u8> {
         // One buffer of the exact size: a big transaction is tens of MiB, and growing
@@ -716,6 +723,7 @@ impl Txn {
         w.u32(c);
         let len = w.0.len().next_multiple_of(BLOCK_SIZE);
         w.0.resize(len, 0);
+        debug_assert_eq!(w.0.len(), self.encoded_len());
         w.0
     }
 

@@ -723,6 +723,7 @@ impl Volume {
             clock,
             flush_on_close: AtomicBool::new(opts.flush_on_close),
             journal_data_kb: AtomicU64::new(opts.journal_data_kb),
+            commit_flush_always: AtomicBool::new(opts.commit_flush_always),
             home: Default::default(),
             opts,
             st: Mutex::new(State {
@@ -812,7 +813,7 @@ fn committer(weak: Weak<Vol>) {
 }
 
 enum Payload {
-    Txn(Vec<u8>),
+    Txn(Txn),
     Checkpoint(Vec<u8>),
     /// The changed keys' values, taken under `st`; their tree operations are built
     /// without it.
@@ -922,6 +923,7 @@ impl Vol {
             j.barrier_started += 1;
             self.barrier_started
                 .store(j.barrier_started, Ordering::Release);
+            j.flushed_writes = self.q.volatile_writes();
             j.barrier_started
         };
         if let Err(e) = self.q.flush_sync() {
@@ -944,7 +946,7 @@ impl Vol {
             let j = self.jn.lock();
             (j.head, self.sb.journal_blocks)
         };
-        let (tid, payload, nrec, home) = {
+        let (tid, payload, nrec, home, covered) = {
             let mut st = self.st.lock();
             // Ordered data (rename over an existing file): the transaction holding the
             // rename waits for the renamed file's data, so it cannot reach the disk
@@ -1014,13 +1016,15 @@ impl Vol {
             let nrec = records.len();
             // Written even when empty: closing a transaction consumes its tid, and
             // replay needs every tid in sequence (a gap would end the journal there).
-            let enc = Txn {
+            // Encoded (and its records freed) after `st` is dropped: a transaction
+            // is up to a quarter of the journal, and every namespace operation waits
+            // while `st` is held.
+            let txn = Txn {
                 fs_id: self.sb.fs_id,
                 tid,
                 records,
-            }
-            .encode();
-            let blocks = enc.len() as u64 / PAGE;
+            };
+            let blocks = txn.encoded_len() as u64 / PAGE;
             let ckpt = force_ckpt || head + blocks > jblocks * 3 / 4;
             // Journaled data waiting for its home write goes now when the journal is
             // about to start over, when this transaction frees blocks (released below
@@ -1036,33 +1040,57 @@ impl Vol {
             } else {
                 Vec::new()
             };
-            let payload = if ckpt {
+            let (payload, covered) = if ckpt {
                 // The journal is about to start over: no copy in it is replayed again.
                 debug_assert!(st.jhome.is_empty());
                 st.jblocks.clear();
+                // The checkpoint holds the transaction's state; its records are not
+                // written (and are freed once `st` is dropped).
+                let covered = Some(txn);
                 if self.sb.version >= TREE_VERSION {
                     let changes = st.meta.take_changes();
-                    Payload::Tree(metatree::capture(&st.meta, changes))
+                    (Payload::Tree(metatree::capture(&st.meta, changes)), covered)
                 } else {
-                    Payload::Checkpoint(st.meta.encode_image())
+                    (Payload::Checkpoint(st.meta.encode_image()), covered)
                 }
             } else {
-                Payload::Txn(enc)
+                (Payload::Txn(txn), None)
             };
-            (tid, payload, nrec, home)
+            (tid, payload, nrec, home, covered)
         };
+        drop(covered);
         self.submit_home(home);
-        // Every commit write carries PREFLUSH: it is a cache-flush barrier too.
+        // A commit write carries PREFLUSH, and is then a cache-flush barrier too,
+        // unless nothing needs one: no write completed without FUA since the last
+        // flush was issued (read after the transaction closed, so every write whose
+        // completion it records is counted), no fsync waits for a data barrier, and it
+        // is no checkpoint. Its FUA write is then durable after everything before it.
         let gen = {
             let mut j = self.jn.lock();
-            j.barrier_started += 1;
-            self.barrier_started
-                .store(j.barrier_started, Ordering::Release);
-            Some(j.barrier_started)
+            let written = self.q.volatile_writes();
+            let needed = self.commit_flush_always.load(Ordering::Relaxed)
+                || !matches!(payload, Payload::Txn(_))
+                || written != j.flushed_writes
+                || j.barrier_want > j.barrier_started;
+            if needed {
+                j.barrier_started += 1;
+                self.barrier_started
+                    .store(j.barrier_started, Ordering::Release);
+                j.flushed_writes = written;
+                Some(j.barrier_started)
+            } else {
+                j.stats.commits_without_flush += 1;
+                None
+            }
         };
-        let flags = BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META;
+        let flags = match gen {
+            Some(_) => BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
+            None => BioFlags::FUA | BioFlags::META,
+        };
         let (res, bytes, new_head, new_slot) = match payload {
-            Payload::Txn(e) => {
+            Payload::Txn(txn) => {
+                let e = txn.encode();
+                drop(txn);
                 let n = e.len() as u64;
                 let r = self.q.write_sync(
                     sector(self.sb.journal_start + head),

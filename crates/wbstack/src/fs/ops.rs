@@ -466,11 +466,15 @@ impl Volume {
         o: &OpenOptions,
     ) -> FsResult<(File, Stat)> {
         self.vol.faulting(|| {
-            let (ino, created) = {
+            enum Found {
+                Created(u64, std::sync::Arc<crate::mm::Mapping>, Stat),
+                Existing(u64),
+            }
+            let found = {
                 let mut st = self.vol.st.lock();
                 match st.lookup(dir, name) {
                     Ok(_) if o.exclusive => return Err(FsError::Exists(name_str(name))),
-                    Ok(ino) => (ino, false),
+                    Ok(ino) => Found::Existing(ino),
                     Err(FsError::NotFound(_)) => {
                         perm::may_change_dir(c, st.inode(dir)?, "create")?;
                         let owner = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::File, mode);
@@ -483,18 +487,23 @@ impl Volume {
                             None,
                             0,
                         )?;
-                        (ino, true)
+                        // Stated and opened in the hold that made it (one hold a
+                        // create); the open last, so no error leaves it counted.
+                        let s = self.vol.stat_of(&st, ino)?;
+                        let m = self.vol.open_locked(&mut st, ino, o)?;
+                        Found::Created(ino, m, s)
                     }
                     Err(e) => return Err(e),
                 }
             };
-            let f = if created {
-                self.vol.open_ino(ino, o, true)?
-            } else {
-                self.open_as(c, ino, o)?
-            };
-            let s = f.stat()?;
-            Ok((f, s))
+            match found {
+                Found::Created(ino, m, s) => Ok((self.vol.open_file(ino, m, o, true)?, s)),
+                Found::Existing(ino) => {
+                    let f = self.open_as(c, ino, o)?;
+                    let s = f.stat()?;
+                    Ok((f, s))
+                }
+            }
         })
     }
 

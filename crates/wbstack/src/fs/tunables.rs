@@ -24,6 +24,7 @@ pub const TUNABLES: &[&str] = &[
     "expire_first",
     "flush_on_close",
     "journal_data_kb",
+    "commit_flush",
     "iostats",
     "inode_cache",
 ];
@@ -52,6 +53,10 @@ impl Volume {
             "expire_first" => flag(wb.expire_first),
             "flush_on_close" => flag(self.vol.flush_on_close.load(Ordering::Relaxed)),
             "journal_data_kb" => self.vol.journal_data_kb.load(Ordering::Relaxed).to_string(),
+            "commit_flush" => match self.vol.commit_flush_always.load(Ordering::Relaxed) {
+                true => "always".into(),
+                false => "needed".into(),
+            },
             "iostats" => q.iostats().to_string(),
             "inode_cache" => self.vol.icache.lock().limit().to_string(),
             _ => return Err(unknown(key)),
@@ -91,6 +96,10 @@ impl Volume {
                 .vol
                 .journal_data_kb
                 .store(o.journal_data_kb, Ordering::Relaxed),
+            "commit_flush" => self
+                .vol
+                .commit_flush_always
+                .store(o.commit_flush_always, Ordering::Relaxed),
             // Takes effect at the next open or last close.
             "inode_cache" => self.vol.icache.lock().set_limit(o.inode_cache),
             _ => self.bdi().set_config(o.wb),
