@@ -665,21 +665,33 @@ impl wbstack::dev::Device for WriteGate {
     wbstack::stacked_device!(inner);
 }
 
+/// A test volume over a `WriteGate`.
+fn gated_volume() -> (Arc<WriteGate>, TestVolume) {
+    let gate = WriteGate::new();
+    let q = wbstack::block::RequestQueue::new(gate.clone(), QueueConfig::default()).unwrap();
+    (
+        gate,
+        TestVolume::new(q, CacheConfig::default(), quiet_wb(false), 16),
+    )
+}
+
+/// A background writeback pass over everything dirty.
+fn background() -> wbstack::writeback::Wbc {
+    wbstack::writeback::Wbc {
+        nr_to_write: i64::MAX,
+        for_background: true,
+        ..Default::default()
+    }
+}
+
 #[test]
 fn a_late_completion_of_a_cut_page_leaves_its_rewrite_under_writeback() {
     // set_size(0) drops page 0 while its write is in flight (the deferred truncation
     // of a file that stays in use does this). The file is written again and the new
     // page 0 goes under writeback too. The old write completing must end nothing but
     // its own write: the new page stays under writeback until its own write completes.
-    let gate = WriteGate::new();
-    let q = wbstack::block::RequestQueue::new(gate.clone(), QueueConfig::default()).unwrap();
-    let v = TestVolume::new(q, CacheConfig::default(), quiet_wb(false), 16);
+    let (gate, v) = gated_volume();
     let f = v.file(0);
-    let background = || wbstack::writeback::Wbc {
-        nr_to_write: i64::MAX,
-        for_background: true,
-        ..Default::default()
-    };
 
     f.write_at(0, &page(0, 0)).unwrap();
     f.writepages(&mut background()).unwrap();
@@ -739,15 +751,8 @@ fn claimed_pages_and_bio_writes_end_only_their_own_pages() {
     // The same as above across the filesystem's own writes of claimed pages
     // (`claim_dirty`, journaled data): each end, of a bio or of a claim, ends the
     // writeback of the pages it wrote and of no newer page at their index.
-    let gate = WriteGate::new();
-    let q = wbstack::block::RequestQueue::new(gate.clone(), QueueConfig::default()).unwrap();
-    let v = TestVolume::new(q, CacheConfig::default(), quiet_wb(false), 16);
+    let (gate, v) = gated_volume();
     let f = v.file(0);
-    let background = || wbstack::writeback::Wbc {
-        nr_to_write: i64::MAX,
-        for_background: true,
-        ..Default::default()
-    };
 
     // A bio write in flight, cut; the rewrite claimed by the filesystem.
     f.write_at(0, &page(0, 0)).unwrap();
