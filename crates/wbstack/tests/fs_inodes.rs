@@ -443,3 +443,43 @@ fn a_failed_read_back_is_eio_and_harms_nothing() {
     assert_eq!(v.stat("/a/late").unwrap().size, 4);
     check_unmount_fsck(v);
 }
+
+/// Inodes changed since the last checkpoint cannot leave memory, so past `inode_cache`
+/// of them (and past `META_FULL_MIN`, 1024, however small the cache) a commit is a
+/// checkpoint: with no fsync and a journal far from full, a create-heavy run's inodes
+/// in memory stay bounded. Below it, a commit stays a journal write, and without the
+/// rule every created inode stays in memory.
+#[test]
+fn changes_past_the_inode_cache_make_the_next_commit_a_checkpoint() {
+    for limit in [64usize, 1_000_000] {
+        let q = mkfs5("sim:ssd,size=1G");
+        let v = mount_with_cache(&q, limit);
+        v.mkdir("/d", 0o755).unwrap();
+        let start = v.journal_stats().checkpoints;
+        // 40 changes (files) and a commit: under the limit either way.
+        for i in 0..40 {
+            v.create(&format!("/d/a{i}")).unwrap().close().unwrap();
+        }
+        v.commit_now().unwrap();
+        assert_eq!(v.journal_stats().checkpoints, start, "limit {limit}");
+        // 6000 more, a commit every 200 (the committer, woken past the limit, may
+        // take more checkpoints of its own).
+        let mut most = 0;
+        for i in 0..6000 {
+            v.create(&format!("/d/f{i}")).unwrap().close().unwrap();
+            if i % 200 == 199 {
+                v.commit_now().unwrap();
+            }
+            most = most.max(v.inode_cache_stats().inodes_resident);
+        }
+        let taken = v.journal_stats().checkpoints - start;
+        if limit == 64 {
+            assert!(taken >= 5, "a checkpoint every 1024 changes or so: {taken}");
+            assert!(most <= 1024 + 200 + 400, "{most} inodes in memory at once");
+        } else {
+            assert_eq!(taken, 0, "the journal is far from full: no checkpoint");
+            assert!(most > 6000, "every inode stays: {most}");
+        }
+        check_unmount_fsck(v);
+    }
+}

@@ -97,6 +97,9 @@ pub struct Inodes {
     changed: HashMap<u64, u64>,
     /// The generation changes are stamped with now.
     gen: u64,
+    /// Inodes stamped with `gen`: what the next checkpoint must write before any of
+    /// them may leave memory.
+    open_changed: usize,
     /// Every generation up to this one is in a durable checkpoint.
     durable_gen: u64,
     faults: u64,
@@ -117,6 +120,7 @@ impl Clone for Inodes {
             pins: self.pins.clone(),
             changed: self.changed.clone(),
             gen: self.gen,
+            open_changed: self.open_changed,
             durable_gen: self.durable_gen,
             faults: self.faults,
             evictions: self.evictions,
@@ -146,6 +150,7 @@ impl Inodes {
             pins: HashMap::new(),
             changed: HashMap::new(),
             gen: 1,
+            open_changed: 0,
             durable_gen: 0,
             faults: 0,
             evictions: 0,
@@ -290,9 +295,16 @@ impl Inodes {
     /// Stamp `ino` with the running generation (a tree-backed cache only: elsewhere
     /// nothing is dropped, and nothing needs to know).
     pub fn note_changed(&mut self, ino: u64) {
-        if self.source.is_some() {
-            self.changed.insert(ino, self.gen);
+        if self.source.is_some() && self.changed.insert(ino, self.gen) != Some(self.gen) {
+            self.open_changed += 1;
         }
+    }
+
+    /// Inodes changed since the last checkpoint took its changes (none unless lazy):
+    /// they stay in memory until a checkpoint holding them is durable, so this many
+    /// past `inode_cache` asks for one (`State::meta_full`).
+    pub fn open_changed(&self) -> usize {
+        self.open_changed
     }
 
     /// A checkpoint captured the changes stamped so far: they go out as generation
@@ -300,6 +312,7 @@ impl Inodes {
     pub fn close_gen(&mut self) -> u64 {
         let g = self.gen;
         self.gen += 1;
+        self.open_changed = 0;
         g
     }
 

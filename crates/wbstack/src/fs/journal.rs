@@ -734,6 +734,7 @@ impl Volume {
                 txn_first_ns: None,
                 txn_bytes: 0,
                 txn_limit_bytes,
+                meta_limit: inode_cache,
                 txn_full_waiter: jwaiter.clone(),
                 live: HashMap::new(),
                 inflight: HashMap::new(),
@@ -847,7 +848,7 @@ impl Vol {
             (
                 !st.txn.is_empty() || !st.txn_inodes.is_empty(),
                 st.txn_first_ns,
-                st.txn_full(),
+                st.txn_full() || st.meta_full(),
             )
         };
         let periodic = pending && (full || first.is_some_and(|t| now >= t + interval));
@@ -1025,7 +1026,7 @@ impl Vol {
                 records,
             };
             let blocks = txn.encoded_len() as u64 / PAGE;
-            let ckpt = force_ckpt || head + blocks > jblocks * 3 / 4;
+            let ckpt = force_ckpt || head + blocks > jblocks * 3 / 4 || st.meta_full();
             // Journaled data waiting for its home write goes now when the journal is
             // about to start over, when this transaction frees blocks (released below
             // once every home write up to it completed), or when enough has gathered

@@ -447,6 +447,11 @@ impl Meta {
         self.inodes.stats()
     }
 
+    /// Inodes changed since the last checkpoint took its changes (`Inodes::open_changed`).
+    pub fn open_changed(&self) -> usize {
+        self.inodes.open_changed()
+    }
+
     /// From now on keep the free space of the described state (`view`), starting from
     /// the allocator's map, which is that space when nothing is in flight (mkfs, and
     /// a mount before replay).

@@ -101,7 +101,10 @@ impl Volume {
                 .commit_flush_always
                 .store(o.commit_flush_always, Ordering::Relaxed),
             // Takes effect at the next open or last close.
-            "inode_cache" => self.vol.icache.lock().set_limit(o.inode_cache),
+            "inode_cache" => {
+                self.vol.icache.lock().set_limit(o.inode_cache);
+                self.vol.st.lock().meta_limit = o.inode_cache;
+            }
             _ => self.bdi().set_config(o.wb),
         }
         Ok(())

@@ -363,6 +363,12 @@ pub struct InodeCacheStats {
     pub inodes_dropped: u64,
 }
 
+/// The fewest changed inodes that make a checkpoint due whatever `inode_cache` says:
+/// a checkpoint writes its root record and the path to every change, and below this
+/// (about half a MiB of inodes) that costs more than the memory it frees; a tiny cache
+/// (tests run with 0 or 8) would otherwise checkpoint at every operation.
+pub(super) const META_FULL_MIN: usize = 1024;
+
 /// Per-inode state that is not on disk: reservations, writes in flight, opens, and
 /// which transaction last changed the inode (what fsync must wait for).
 #[derive(Default)]
@@ -508,6 +514,10 @@ pub(super) struct State {
     /// and the replay after a crash stay bounded however fast operations arrive.
     pub txn_bytes: usize,
     pub txn_limit_bytes: usize,
+    /// Inodes changed since the last checkpoint past which one is taken (`inode_cache`):
+    /// they cannot leave memory before a checkpoint holding them is durable, so the
+    /// memory of a create-heavy run follows the knob, not the journal's size.
+    pub meta_limit: usize,
     /// Woken when the running transaction reaches `txn_limit_bytes` (the committer's).
     pub txn_full_waiter: Arc<crate::clock::Waiter>,
     /// Boxed: every inode an operation touches gets an entry, and each growth of the
@@ -591,11 +601,11 @@ impl State {
                 return Ok(());
             }
         }
-        let was_full = self.txn_full();
+        let was_full = self.txn_full() || self.meta_full();
         self.txn_bytes += rec.encoded_len();
         self.txn.push(rec);
         self.touch(touched, false, now_ns);
-        if !was_full && self.txn_full() {
+        if !was_full && (self.txn_full() || self.meta_full()) {
             self.txn_full_waiter.kick();
         }
         Ok(())
@@ -604,6 +614,12 @@ impl State {
     /// The running transaction is big enough to commit now.
     pub fn txn_full(&self) -> bool {
         self.txn_bytes >= self.txn_limit_bytes
+    }
+
+    /// More inodes changed since the last checkpoint than `meta_limit` (and than
+    /// `META_FULL_MIN`): the next commit is a checkpoint, and it is due now.
+    pub fn meta_full(&self) -> bool {
+        self.meta.open_changed() > self.meta_limit.max(META_FULL_MIN)
     }
 
     /// Whether inode `ino` owes nothing: no open, no pages pending, no change a commit
