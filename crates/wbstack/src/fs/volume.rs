@@ -577,6 +577,8 @@ impl State {
     pub fn log(&mut self, rec: Record, touched: &[u64], now_ns: u64) -> FsResult<()> {
         self.check_writable()?;
         let tid = self.running_tid;
+        // Before the change: applying it may be what makes a checkpoint due.
+        let was_full = self.txn_full() || self.meta_full();
         self.meta.apply(&rec, ApplyMode::Live { tid })?;
         // Consecutive extents of one inode merge into one record: a streaming writer
         // logs one record per commit, not one per bio.
@@ -598,17 +600,23 @@ impl State {
             if *pi == *ino && *pf + *pl == *file_block && *ps + *pl == *start {
                 *pl += len;
                 self.touch(touched, false, now_ns);
+                self.kick_if_full(was_full);
                 return Ok(());
             }
         }
-        let was_full = self.txn_full() || self.meta_full();
         self.txn_bytes += rec.encoded_len();
         self.txn.push(rec);
         self.touch(touched, false, now_ns);
+        self.kick_if_full(was_full);
+        Ok(())
+    }
+
+    /// Wake the committer when the running transaction, or the inodes changed since
+    /// the last checkpoint, just passed their limit.
+    fn kick_if_full(&self, was_full: bool) {
         if !was_full && (self.txn_full() || self.meta_full()) {
             self.txn_full_waiter.kick();
         }
-        Ok(())
     }
 
     /// The running transaction is big enough to commit now.
