@@ -65,6 +65,9 @@ pub enum TreeError {
     TooBig { len: usize, max: usize },
     #[error("reading tree block {block}: {why}")]
     Io { block: u64, why: String },
+    /// A pointer no node can be at: damage, never a device failure.
+    #[error("a tree pointer to block {block}: {why}")]
+    BadPointer { block: u64, why: String },
     #[error("no block for a tree node: {0}")]
     NoSpace(String),
     #[error("an empty key (keys are at least one byte)")]

@@ -222,7 +222,7 @@ impl NodeStore for DeviceStore {
             c.stats.misses += 1;
         }
         if !self.area.contains(&block) {
-            return Err(TreeError::Io {
+            return Err(TreeError::BadPointer {
                 block,
                 why: format!("outside the area {:?} nodes live in", self.area),
             });
