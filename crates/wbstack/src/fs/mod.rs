@@ -22,6 +22,7 @@
 pub mod alloc;
 pub mod btree;
 mod checkpoint;
+mod commit;
 pub mod dir;
 pub mod error;
 pub mod extents;

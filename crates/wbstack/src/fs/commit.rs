@@ -1,0 +1,538 @@
+//! The committer: the thread that closes the running transaction and makes it durable
+//! (group commit keyed to arrivals, periodic commit, checkpoints when the journal or
+//! the changed inodes fill), and the waits of fsync and asynchronous flushes on it.
+//! The journal's format, mkfs, mount and replay are `fs::journal`'s.
+
+use super::checkpoint::alloc_nodes;
+use super::checkpoint::root_record;
+use super::error::{FsError, FsResult};
+use super::format::{Checkpoint, Txn, BLOCK_SIZE, TREE_VERSION};
+use super::metatree;
+use super::volume::Vol;
+use crate::block::BioFlags;
+use crate::buf::IoBuf;
+use crate::clock::{NSEC_PER_MSEC, NSEC_PER_USEC};
+use crate::trace;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Weak;
+
+const PAGE: u64 = BLOCK_SIZE as u64;
+
+fn sector(block: u64) -> u64 {
+    block * (PAGE / 512)
+}
+
+pub(super) fn committer(weak: Weak<Vol>) {
+    loop {
+        let Some(vol) = weak.upgrade() else { return };
+        if !vol.committer_step() {
+            return;
+        }
+    }
+}
+
+enum Payload {
+    Txn(Txn),
+    Checkpoint(Vec<u8>),
+    /// The changed keys' values, taken under `st`; their tree operations are built
+    /// without it.
+    Tree(metatree::Captured),
+}
+
+impl Vol {
+    /// One decision of the committer; false when it must exit.
+    fn committer_step(&self) -> bool {
+        let now = self.now();
+        let interval = self.opts.commit_interval_ms * NSEC_PER_MSEC;
+        let (need_commit, need_barrier, force, stop, multi, avg) = {
+            let j = self.jn.lock();
+            if j.error.is_some() {
+                return false;
+            }
+            (
+                j.want_tid > j.committed,
+                j.barrier_want > j.barrier_started,
+                j.force_checkpoint,
+                j.stop,
+                j.multi_sync,
+                j.avg_commit_ns,
+            )
+        };
+        if stop {
+            return false;
+        }
+        let (pending, first, full) = {
+            let st = self.st.lock();
+            (
+                !st.txn.is_empty() || !st.txn_inodes.is_empty(),
+                st.txn_first_ns,
+                st.txn_full() || st.meta_full(),
+            )
+        };
+        let periodic = pending && (full || first.is_some_and(|t| now >= t + interval));
+        if !(need_commit || need_barrier || force || periodic) {
+            // Idle: journaled data held back for a batch goes home after a while.
+            let home_due = {
+                let mut st = self.st.lock();
+                match st.jhome_first_ns {
+                    Some(t) if now >= t + super::jdata::HOME_DELAY_NS => {
+                        st.jhome_first_ns = None;
+                        Some(std::mem::take(&mut st.jhome))
+                    }
+                    Some(t) => {
+                        drop(st);
+                        let deadline = first.map_or(now + interval, |f| f + interval);
+                        self.clock.wait_until(
+                            &self.jwaiter,
+                            deadline.min(t + super::jdata::HOME_DELAY_NS),
+                        );
+                        return true;
+                    }
+                    None => None,
+                }
+            };
+            if let Some(home) = home_due {
+                self.submit_home(home);
+                return true;
+            }
+            let deadline = first.map_or(now + interval, |t| t + interval);
+            self.clock.wait_until(&self.jwaiter, deadline);
+            return true;
+        }
+        if need_commit && multi && !force {
+            // Batching (jbd2's purpose, keyed to arrivals): when several threads sync,
+            // wait for as many as joined the last commit, at most the average commit
+            // time (bounded by min/max_batch_time). Threads the last commit released
+            // are still on their way (close, create, write its data) when a commit
+            // could leave at once; waiting for them halves the commits.
+            let c = avg.clamp(
+                self.opts.min_batch_us * NSEC_PER_USEC,
+                self.opts.max_batch_us * NSEC_PER_USEC,
+            );
+            let deadline = self.now() + c;
+            loop {
+                {
+                    let j = self.jn.lock();
+                    if j.stop || j.sync_waiting >= j.last_group {
+                        break;
+                    }
+                }
+                if self.now() >= deadline {
+                    break;
+                }
+                self.clock.wait_until(&self.jwaiter, deadline);
+            }
+            let mut j = self.jn.lock();
+            j.last_group = j.sync_waiting.max(1);
+        }
+        if !need_commit && !force && !periodic {
+            // Only a cache flush is wanted (fsync of data whose metadata is durable,
+            // fdatasync after a timestamp change): issue it, leave the transaction open.
+            self.barrier_only();
+            return true;
+        }
+        self.commit(force);
+        true
+    }
+
+    /// A bare cache flush for the data barrier waiters.
+    fn barrier_only(&self) {
+        let gen = {
+            let mut j = self.jn.lock();
+            j.barrier_started += 1;
+            self.barrier_started
+                .store(j.barrier_started, Ordering::Release);
+            j.flushed_writes = self.q.volatile_writes();
+            j.barrier_started
+        };
+        if let Err(e) = self.q.flush_sync() {
+            self.abort(format!("a cache flush failed ({e})"));
+            return;
+        }
+        let mut j = self.jn.lock();
+        j.barrier_done = gen;
+        j.stats.flushes += 1;
+        drop(j);
+        self.jcv.notify_all();
+        self.settle_async();
+    }
+
+    /// Close the running transaction and make it durable (a journal write, a
+    /// checkpoint, or for an empty one a cache flush if someone needs one).
+    fn commit(&self, force_ckpt: bool) {
+        let t0 = self.now();
+        let (head, jblocks) = {
+            let j = self.jn.lock();
+            (j.head, self.sb.journal_blocks)
+        };
+        let (tid, payload, nrec, home, covered) = {
+            let mut st = self.st.lock();
+            // Ordered data (rename over an existing file): the transaction holding the
+            // rename waits for the renamed file's data, so it cannot reach the disk
+            // first. Writeback of that data was started at the rename.
+            let mut kicked = std::collections::HashSet::new();
+            loop {
+                let running = st.running_tid;
+                let ordered = std::mem::take(&mut st.ordered);
+                let keep: Vec<_> = ordered
+                    .into_iter()
+                    .filter(|o| o.tid > running || !o.satisfied(&st))
+                    .collect();
+                st.ordered = keep;
+                if !st.ordered.iter().any(|o| o.tid <= running) || st.aborted.is_some() {
+                    break;
+                }
+                if self.jn.lock().stop {
+                    break;
+                }
+                // Before waiting: journaled data held back goes home. A thread that
+                // found none held back an instant before it was (claimed, not yet
+                // logged) sleeps on those pages, and may be what this wait needs (a
+                // sync pass of the flusher writing the ordered data).
+                if !st.jhome.is_empty() {
+                    st.jhome_first_ns = None;
+                    let home = std::mem::take(&mut st.jhome);
+                    parking_lot::MutexGuard::unlocked(&mut st, || self.submit_home(home));
+                    continue;
+                }
+                let timed_out = self
+                    .ordered_cv
+                    .wait_for(&mut st, std::time::Duration::from_millis(100))
+                    .timed_out();
+                if timed_out {
+                    // As jbd2 submits an ordered inode's data itself: data the rename
+                    // started writing may have been redirtied, truncated and rewritten
+                    // since, with nothing left to write it before kupdate expires it.
+                    let running = st.running_tid;
+                    let waiting: Vec<u64> = st
+                        .ordered
+                        .iter()
+                        .filter(|o| o.tid <= running && !o.satisfied(&st))
+                        .map(|o| o.ino)
+                        .filter(|ino| kicked.insert(*ino))
+                        .collect();
+                    for ino in waiting {
+                        if let Some(m) = self.icache.lock().get(&ino).cloned() {
+                            self.bdi.queue_job(Box::new(move || {
+                                // Errors reach fsync through the mapping's errseq.
+                                let _reported_later = m.write_and_wait_keep_errors(0, u64::MAX);
+                            }));
+                        }
+                    }
+                }
+            }
+            if st.aborted.is_some() {
+                return;
+            }
+            st.restate();
+            self.prune_meta(&mut st);
+            let records = std::mem::take(&mut st.txn);
+            st.txn_bytes = 0;
+            let tid = st.running_tid;
+            st.txn_jdata_pages = 0;
+            st.running_tid += 1;
+            st.txn_first_ns = None;
+            let nrec = records.len();
+            // Written even when empty: closing a transaction consumes its tid, and
+            // replay needs every tid in sequence (a gap would end the journal there).
+            // Encoded (and its records freed) after `st` is dropped: a transaction
+            // is up to a quarter of the journal, and every namespace operation waits
+            // while `st` is held.
+            let txn = Txn {
+                fs_id: self.sb.fs_id,
+                tid,
+                records,
+            };
+            let blocks = txn.encoded_len() as u64 / PAGE;
+            let ckpt = force_ckpt || head + blocks > jblocks * 3 / 4 || st.meta_full();
+            // Journaled data waiting for its home write goes now when the journal is
+            // about to start over, when this transaction frees blocks (released below
+            // once every home write up to it completed), or when enough has gathered
+            // (`jdata::HOME_BATCH`); else it waits for later commits, to go home in
+            // fewer, larger writes.
+            let home = if ckpt
+                || st.meta.alloc.deferred_blocks() > 0
+                || st.jhome.len() >= super::jdata::HOME_BATCH
+            {
+                st.jhome_first_ns = None;
+                std::mem::take(&mut st.jhome)
+            } else {
+                Vec::new()
+            };
+            let (payload, covered) = if ckpt {
+                // The journal is about to start over: no copy in it is replayed again.
+                debug_assert!(st.jhome.is_empty());
+                st.jblocks.clear();
+                // The checkpoint holds the transaction's state; its records are not
+                // written (and are freed once `st` is dropped).
+                let covered = Some(txn);
+                if self.sb.version >= TREE_VERSION {
+                    let changes = st.meta.take_changes();
+                    (Payload::Tree(metatree::capture(&st.meta, changes)), covered)
+                } else {
+                    (Payload::Checkpoint(st.meta.encode_image()), covered)
+                }
+            } else {
+                (Payload::Txn(txn), None)
+            };
+            (tid, payload, nrec, home, covered)
+        };
+        drop(covered);
+        self.submit_home(home);
+        // A commit write carries PREFLUSH, and is then a cache-flush barrier too,
+        // unless nothing needs one: no write completed without FUA since the last
+        // flush was issued (read after the transaction closed, so every write whose
+        // completion it records is counted), no fsync waits for a data barrier, and it
+        // is no checkpoint. Its FUA write is then durable after everything before it.
+        let gen = {
+            let mut j = self.jn.lock();
+            let written = self.q.volatile_writes();
+            let needed = self.commit_flush_always.load(Ordering::Relaxed)
+                || !matches!(payload, Payload::Txn(_))
+                || written != j.flushed_writes
+                || j.barrier_want > j.barrier_started;
+            if needed {
+                j.barrier_started += 1;
+                self.barrier_started
+                    .store(j.barrier_started, Ordering::Release);
+                j.flushed_writes = written;
+                Some(j.barrier_started)
+            } else {
+                j.stats.commits_without_flush += 1;
+                None
+            }
+        };
+        let flags = match gen {
+            Some(_) => BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
+            None => BioFlags::FUA | BioFlags::META,
+        };
+        let (res, bytes, new_head, new_slot) = match payload {
+            Payload::Txn(txn) => {
+                let e = txn.encode();
+                drop(txn);
+                let n = e.len() as u64;
+                let r = self.q.write_sync(
+                    sector(self.sb.journal_start + head),
+                    IoBuf::from_slice(&e),
+                    flags,
+                );
+                (r.map_err(FsError::from), n, head + n / PAGE, None)
+            }
+            Payload::Checkpoint(image) => {
+                // The checkpoint forgets the journal, and with it the only durable copy
+                // of journaled data not yet home: its home writes complete first (the
+                // checkpoint's PREFLUSH makes them durable before the checkpoint is).
+                self.wait_home(tid);
+                let (slot, seq) = {
+                    let j = self.jn.lock();
+                    (1 - j.ckpt_slot, j.ckpt_seq + 1)
+                };
+                let enc = Checkpoint {
+                    fs_id: self.sb.fs_id,
+                    seq,
+                    tid,
+                    journal_pos: 0,
+                    image,
+                }
+                .encode();
+                let n = enc.len() as u64;
+                let r = if n > self.sb.checkpoint[slot].1 * PAGE {
+                    Err(FsError::NoSpace)
+                } else {
+                    self.q
+                        .write_sync(
+                            sector(self.sb.checkpoint[slot].0),
+                            IoBuf::from_slice(&enc),
+                            flags,
+                        )
+                        .map_err(FsError::from)
+                };
+                (r, n, 0, Some((slot, seq)))
+            }
+            Payload::Tree(captured) => {
+                // As above: journaled data home first.
+                self.wait_home(tid);
+                let (slot, seq) = {
+                    let j = self.jn.lock();
+                    (1 - j.ckpt_slot, j.ckpt_seq + 1)
+                };
+                match self.write_checkpoint(captured, tid, slot, seq, flags) {
+                    Ok(n) => (Ok(()), n, 0, Some((slot, seq))),
+                    Err(e) => (Err(e), 0, 0, None),
+                }
+            }
+        };
+        if let Err(e) = res {
+            self.abort(format!("a journal write failed ({e})"));
+            return;
+        }
+        // A home write must never land in a block another file got meanwhile: the
+        // blocks this transaction freed are released once its home writes completed.
+        self.wait_home(tid);
+        self.st.lock().meta.alloc.commit(tid).ok();
+        let took = self.now().saturating_sub(t0);
+        let mut j = self.jn.lock();
+        j.committed = tid;
+        j.released = tid;
+        if let Some(g) = gen {
+            j.barrier_done = g;
+        }
+        j.head = new_head;
+        j.stats.bytes += bytes;
+        match (new_slot, bytes) {
+            (Some((slot, seq)), _) => {
+                j.ckpt_slot = slot;
+                j.ckpt_seq = seq;
+                j.force_checkpoint = false;
+                j.stats.checkpoints += 1;
+                j.stats.checkpoint_ns += took;
+            }
+            (None, 0) if gen.is_some() => j.stats.flushes += 1,
+            (None, 0) => {}
+            (None, _) => j.stats.commits += 1,
+        }
+        if bytes > 0 {
+            j.avg_commit_ns = (took + 3 * j.avg_commit_ns) / 4;
+        }
+        j.last_commit_ns = self.now();
+        drop(j);
+        self.jcv.notify_all();
+        self.settle_async();
+        trace::emit(
+            "jbd2_commit",
+            || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": new_slot.is_some(), "ns": took}),
+        );
+    }
+
+    /// Steps 2 to 4 of a checkpoint (`fs::checkpoint`); returns the bytes written.
+    fn write_checkpoint(
+        &self,
+        mut changes: metatree::Captured,
+        tid: u64,
+        slot: usize,
+        seq: u64,
+        flags: BioFlags,
+    ) -> FsResult<u64> {
+        // Lock order: the tree, then `st` (taken only for the nodes' blocks).
+        let mut guard = self.tree.lock();
+        let Some(mt) = guard.as_mut() else {
+            return Err(FsError::Corrupt("a tree checkpoint without a tree".into()));
+        };
+        let gen = changes.gen;
+        let space = changes.space.take();
+        let w = mt.write(changes, seq, &mut |goal, n| {
+            alloc_nodes(&mut self.st.lock().meta, goal, n)
+        })?;
+        let data = self.sb.data_start..self.sb.nr_blocks;
+        let enc = root_record(self.sb.fs_id, seq, tid, &w, space, data)?;
+        self.q.write_sync(
+            sector(self.sb.checkpoint[slot].0),
+            IoBuf::from_slice(&enc),
+            flags,
+        )?;
+        mt.release(&mut self.st.lock().meta, &w, gen)?;
+        Ok(w.bytes + enc.len() as u64)
+    }
+
+    pub(super) fn abort(&self, why: String) {
+        self.sb_err.set(libc::EIO);
+        self.st.lock().aborted = Some(why.clone());
+        self.jn.lock().error = Some(why);
+        self.jcv.notify_all();
+        self.settle_async();
+        self.fail_home();
+    }
+
+    /// Register asynchronous flushes with the committer: each completes (Ok) with the
+    /// commit and barrier that cover it, or with EIO if the journal fails first.
+    pub(super) fn journal_wait_async(&self, waiters: Vec<super::flush::AsyncWaiter>) {
+        let mut done = Vec::new();
+        {
+            let mut j = self.jn.lock();
+            for w in waiters {
+                if j.error.is_some() {
+                    done.push((w, Err(FsError::Io)));
+                    continue;
+                }
+                if j.committed >= w.tid && w.gen.is_none_or(|g| j.barrier_done > g) {
+                    done.push((w, Ok(())));
+                    continue;
+                }
+                if w.tid > j.committed {
+                    j.want_tid = j.want_tid.max(w.tid);
+                }
+                if let Some(g) = w.gen {
+                    if j.barrier_done <= g {
+                        j.barrier_want = j.barrier_want.max(g + 1);
+                    }
+                }
+                j.stats.sync_waits += 1;
+                j.async_waiters.push(w);
+            }
+        }
+        for (w, r) in done {
+            w.state.complete(r);
+        }
+        self.jwaiter.kick();
+    }
+
+    /// Complete the asynchronous flushes a commit (or a failure) has settled.
+    pub(super) fn settle_async(&self) {
+        let settled: Vec<(super::flush::AsyncWaiter, FsResult<()>)> = {
+            let mut j = self.jn.lock();
+            let failed = j.error.is_some();
+            let (committed, done) = (j.committed, j.barrier_done);
+            let all = std::mem::take(&mut j.async_waiters);
+            let (ready, wait): (Vec<_>, Vec<_>) = all
+                .into_iter()
+                .partition(|w| failed || (committed >= w.tid && w.gen.is_none_or(|g| done > g)));
+            j.async_waiters = wait;
+            ready
+                .into_iter()
+                .map(|w| (w, if failed { Err(FsError::Io) } else { Ok(()) }))
+                .collect()
+        };
+        for (w, r) in settled {
+            w.state.complete(r);
+        }
+    }
+
+    /// Wait until transaction `tid` is durable and, with `data_gen`, a cache flush that
+    /// started after that generation completed (the data written before it is durable).
+    pub(super) fn journal_wait(&self, tid: u64, data_gen: Option<u64>) -> FsResult<()> {
+        let mut j = self.jn.lock();
+        let me = std::thread::current().id();
+        let mut asked = false;
+        if tid > j.committed {
+            j.want_tid = j.want_tid.max(tid);
+            asked = true;
+        }
+        if let Some(g) = data_gen {
+            if j.barrier_done <= g {
+                j.barrier_want = j.barrier_want.max(g + 1);
+                asked = true;
+            }
+        }
+        if asked {
+            j.multi_sync = j.last_sync_thread.is_some_and(|t| t != me);
+            j.last_sync_thread = Some(me);
+            j.stats.sync_waits += 1;
+            j.sync_waiting += 1;
+            self.jwaiter.kick();
+        }
+        let r = loop {
+            if j.error.is_some() {
+                break Err(FsError::Io);
+            }
+            if j.committed >= tid && data_gen.is_none_or(|g| j.barrier_done > g) {
+                break Ok(());
+            }
+            self.jcv.wait(&mut j);
+        };
+        if asked {
+            j.sync_waiting -= 1;
+        }
+        r
+    }
+}
