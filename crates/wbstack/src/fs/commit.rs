@@ -8,14 +8,15 @@ use super::checkpoint::root_record;
 use super::error::{FsError, FsResult};
 use super::format::{Checkpoint, Txn, BLOCK_SIZE, TREE_VERSION};
 use super::metatree;
-use super::volume::Vol;
-use crate::block::BioFlags;
+use super::volume::{JState, Vol};
+use crate::block::{Bio, BioEndIo, BioFlags, BlkResult};
 use crate::buf::IoBuf;
 use crate::clock::{NSEC_PER_MSEC, NSEC_PER_USEC};
 use crate::trace;
 use serde_json::json;
+use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 const PAGE: u64 = BLOCK_SIZE as u64;
 
@@ -32,6 +33,52 @@ pub(super) fn committer(weak: Weak<Vol>) {
     }
 }
 
+/// A journal write in flight (`MountOptions::logbufs`): what finishing it records.
+pub(super) struct CommitInFlight {
+    tid: u64,
+    /// The barrier generation its PREFLUSH started, if it carries one.
+    gen: Option<u64>,
+    bytes: u64,
+    nrec: usize,
+    t0_ns: u64,
+    write: Arc<CommitWrite>,
+}
+
+/// The end of a journal write: its status, for the committer, which it wakes.
+struct CommitWrite {
+    status: Mutex<Option<BlkResult>>,
+    done: Condvar,
+    committer: Arc<crate::clock::Waiter>,
+}
+
+impl BioEndIo for CommitWrite {
+    fn end_io(&self, _bio: Bio, status: BlkResult) {
+        *self.status.lock() = Some(status);
+        self.done.notify_all();
+        self.committer.kick();
+    }
+}
+
+impl CommitWrite {
+    fn wait(&self) -> BlkResult {
+        let mut s = self.status.lock();
+        loop {
+            if let Some(r) = s.take() {
+                return r;
+            }
+            self.done.wait(&mut s);
+        }
+    }
+}
+
+impl JState {
+    /// Threads blocked in fsync for a transaction not closed yet: the group the next
+    /// commit carries.
+    fn waiting_for_running(&self) -> usize {
+        self.sync_waiting.range(self.closed + 1..).map(|(_, n)| n).sum()
+    }
+}
+
 enum Payload {
     Txn(Txn),
     Checkpoint(Vec<u8>),
@@ -43,6 +90,9 @@ enum Payload {
 impl Vol {
     /// One decision of the committer; false when it must exit.
     fn committer_step(&self) -> bool {
+        // Journal writes that completed are finished first, oldest first: their
+        // waiters are released before anything new is decided.
+        self.finish_commits(usize::MAX);
         let now = self.now();
         let interval = self.opts.commit_interval_ms * NSEC_PER_MSEC;
         let (need_commit, need_barrier, force, stop, multi, avg) = {
@@ -51,7 +101,7 @@ impl Vol {
                 return false;
             }
             (
-                j.want_tid > j.committed,
+                j.want_tid > j.closed,
                 j.barrier_want > j.barrier_started,
                 j.force_checkpoint,
                 j.stop,
@@ -114,7 +164,7 @@ impl Vol {
             loop {
                 {
                     let j = self.jn.lock();
-                    if j.stop || j.sync_waiting >= j.last_group {
+                    if j.stop || j.waiting_for_running() >= j.last_group {
                         break;
                     }
                 }
@@ -122,17 +172,101 @@ impl Vol {
                     break;
                 }
                 self.clock.wait_until(&self.jwaiter, deadline);
+                // A write in flight that completed meanwhile releases its waiters now.
+                self.finish_commits(usize::MAX);
             }
             let mut j = self.jn.lock();
-            j.last_group = j.sync_waiting.max(1);
+            j.last_group = j.waiting_for_running().max(1);
         }
         if !need_commit && !force && !periodic {
             // Only a cache flush is wanted (fsync of data whose metadata is durable,
             // fdatasync after a timestamp change): issue it, leave the transaction open.
+            // Barrier generations complete in order: the writes in flight finish first.
+            self.finish_commits(0);
             self.barrier_only();
             return true;
         }
+        // A free log buffer: at most `logbufs` journal writes in flight.
+        let logbufs = self.logbufs.load(Ordering::Relaxed).max(1);
+        self.finish_commits(logbufs - 1);
         self.commit(force);
+        true
+    }
+
+    /// Finish the journal writes in flight in order, waiting for the oldest while more
+    /// than `keep` are in flight; stops at the first one still in flight after that.
+    /// Finishing one makes its transaction committed and releases its waiters, so a
+    /// transaction is never reported durable before every one before it is: replay
+    /// stops at the first torn one, and a later one that landed first is not replayed.
+    fn finish_commits(&self, keep: usize) {
+        loop {
+            let (write, in_flight) = {
+                let j = self.jn.lock();
+                match j.in_flight.front() {
+                    Some(c) => (c.write.clone(), j.in_flight.len()),
+                    None => return,
+                }
+            };
+            let status = write.status.lock().take();
+            let status = match status {
+                Some(s) => s,
+                None if in_flight > keep => write.wait(),
+                None => return,
+            };
+            let c = self
+                .jn
+                .lock()
+                .in_flight
+                .pop_front()
+                .expect("only the committer takes writes in flight");
+            if !self.finish_commit(c, status) {
+                return;
+            }
+        }
+    }
+
+    /// Finish one journal write (the oldest in flight): false if it failed and the
+    /// journal aborted.
+    fn finish_commit(&self, c: CommitInFlight, status: BlkResult) -> bool {
+        if let Err(e) = status {
+            self.abort(format!("a journal write failed ({e})"));
+            return false;
+        }
+        // A home write must never land in a block another file got meanwhile: the
+        // blocks this transaction freed are released once its home writes completed.
+        self.wait_home(c.tid);
+        {
+            let mut st = self.st.lock();
+            let r = st.meta.alloc.commit(c.tid).map(|_| ());
+            st.allocator_broken("releasing the blocks a commit freed", r);
+        }
+        let took = self.now().saturating_sub(c.t0_ns);
+        let mut j = self.jn.lock();
+        debug_assert!(
+            c.tid > j.committed && c.tid <= j.closed,
+            "commit {} finished out of order (committed {}, closed {})",
+            c.tid,
+            j.committed,
+            j.closed
+        );
+        j.committed = c.tid;
+        j.released = c.tid;
+        if let Some(g) = c.gen {
+            debug_assert!(g > j.barrier_done, "barrier {g} finished out of order");
+            j.barrier_done = g;
+        }
+        j.stats.bytes += c.bytes;
+        j.stats.commits += 1;
+        j.avg_commit_ns = (took + 3 * j.avg_commit_ns) / 4;
+        j.last_commit_ns = self.now();
+        drop(j);
+        self.jcv.notify_all();
+        self.settle_async();
+        let (tid, nrec, bytes) = (c.tid, c.nrec, c.bytes);
+        trace::emit(
+            "jbd2_commit",
+            || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": false, "ns": took}),
+        );
         true
     }
 
@@ -287,6 +421,8 @@ impl Vol {
         // is no checkpoint. Its FUA write is then durable after everything before it.
         let gen = {
             let mut j = self.jn.lock();
+            debug_assert!(tid > j.closed, "transaction {tid} closed twice");
+            j.closed = tid;
             let written = self.q.volatile_writes();
             let needed = self.commit_flush_always.load(Ordering::Relaxed)
                 || !matches!(payload, Payload::Txn(_))
@@ -307,18 +443,53 @@ impl Vol {
             Some(_) => BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
             None => BioFlags::FUA | BioFlags::META,
         };
-        let (res, bytes, new_head, new_slot) = match payload {
+        let payload = match payload {
             Payload::Txn(txn) => {
+                // Written without waiting: the committer may close and write the next
+                // transaction while this one is in flight (`finish_commits`).
                 let e = txn.encode();
                 drop(txn);
-                let n = e.len() as u64;
-                let r = self.q.write_sync(
-                    sector(self.sb.journal_start + head),
-                    IoBuf::from_slice(&e),
-                    flags,
-                );
-                (r.map_err(FsError::from), n, head + n / PAGE, None)
+                let bytes = e.len() as u64;
+                let write = Arc::new(CommitWrite {
+                    status: Mutex::new(None),
+                    done: Condvar::new(),
+                    committer: self.jwaiter.clone(),
+                });
+                {
+                    let mut j = self.jn.lock();
+                    debug_assert_eq!(j.head, head, "the journal head moved under the committer");
+                    j.head = head + bytes / PAGE;
+                    if !j.in_flight.is_empty() {
+                        j.stats.commits_overlapped += 1;
+                    }
+                    j.in_flight.push_back(CommitInFlight {
+                        tid,
+                        gen,
+                        bytes,
+                        nrec,
+                        t0_ns: t0,
+                        write: write.clone(),
+                    });
+                }
+                let bio = Bio::write(sector(self.sb.journal_start + head), IoBuf::from_slice(&e))
+                    .with_flags(flags)
+                    .with_end_io(write.clone());
+                if let Err(e) = self.q.submit_bio(bio) {
+                    // Refused before it was queued: it never completes on its own.
+                    *write.status.lock() = Some(Err(e));
+                }
+                return;
             }
+            other => other,
+        };
+        // A checkpoint forgets the journal: every write in it completes first, and
+        // the transactions they carry are committed before this one.
+        self.finish_commits(0);
+        if self.jn.lock().error.is_some() {
+            return;
+        }
+        let (res, bytes, new_slot) = match payload {
+            Payload::Txn(_) => unreachable!("journal writes returned above"),
             Payload::Checkpoint(image) => {
                 // The checkpoint forgets the journal, and with it the only durable copy
                 // of journaled data not yet home: its home writes complete first (the
@@ -348,7 +519,7 @@ impl Vol {
                         )
                         .map_err(FsError::from)
                 };
-                (r, n, 0, Some((slot, seq)))
+                (r, n, (slot, seq))
             }
             Payload::Tree(captured) => {
                 // As above: journaled data home first.
@@ -358,50 +529,47 @@ impl Vol {
                     (1 - j.ckpt_slot, j.ckpt_seq + 1)
                 };
                 match self.write_checkpoint(captured, tid, slot, seq, flags) {
-                    Ok(n) => (Ok(()), n, 0, Some((slot, seq))),
-                    Err(e) => (Err(e), 0, 0, None),
+                    Ok(n) => (Ok(()), n, (slot, seq)),
+                    Err(e) => (Err(e), 0, (slot, seq)),
                 }
             }
         };
         if let Err(e) = res {
-            self.abort(format!("a journal write failed ({e})"));
+            self.abort(format!("a checkpoint write failed ({e})"));
             return;
         }
         // A home write must never land in a block another file got meanwhile: the
         // blocks this transaction freed are released once its home writes completed.
         self.wait_home(tid);
-        self.st.lock().meta.alloc.commit(tid).ok();
+        {
+            let mut st = self.st.lock();
+            let r = st.meta.alloc.commit(tid).map(|_| ());
+            st.allocator_broken("releasing the blocks a checkpoint freed", r);
+        }
         let took = self.now().saturating_sub(t0);
         let mut j = self.jn.lock();
+        debug_assert!(j.in_flight.is_empty() && tid > j.committed);
         j.committed = tid;
         j.released = tid;
         if let Some(g) = gen {
             j.barrier_done = g;
         }
-        j.head = new_head;
+        j.head = 0;
         j.stats.bytes += bytes;
-        match (new_slot, bytes) {
-            (Some((slot, seq)), _) => {
-                j.ckpt_slot = slot;
-                j.ckpt_seq = seq;
-                j.force_checkpoint = false;
-                j.stats.checkpoints += 1;
-                j.stats.checkpoint_ns += took;
-            }
-            (None, 0) if gen.is_some() => j.stats.flushes += 1,
-            (None, 0) => {}
-            (None, _) => j.stats.commits += 1,
-        }
-        if bytes > 0 {
-            j.avg_commit_ns = (took + 3 * j.avg_commit_ns) / 4;
-        }
+        let (slot, seq) = new_slot;
+        j.ckpt_slot = slot;
+        j.ckpt_seq = seq;
+        j.force_checkpoint = false;
+        j.stats.checkpoints += 1;
+        j.stats.checkpoint_ns += took;
+        j.avg_commit_ns = (took + 3 * j.avg_commit_ns) / 4;
         j.last_commit_ns = self.now();
         drop(j);
         self.jcv.notify_all();
         self.settle_async();
         trace::emit(
             "jbd2_commit",
-            || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": new_slot.is_some(), "ns": took}),
+            || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": true, "ns": took}),
         );
     }
 
@@ -518,7 +686,7 @@ impl Vol {
             j.multi_sync = j.last_sync_thread.is_some_and(|t| t != me);
             j.last_sync_thread = Some(me);
             j.stats.sync_waits += 1;
-            j.sync_waiting += 1;
+            *j.sync_waiting.entry(tid).or_default() += 1;
             self.jwaiter.kick();
         }
         let r = loop {
@@ -531,7 +699,14 @@ impl Vol {
             self.jcv.wait(&mut j);
         };
         if asked {
-            j.sync_waiting -= 1;
+            let n = j
+                .sync_waiting
+                .get_mut(&tid)
+                .expect("a waiter counted when it asked");
+            *n -= 1;
+            if *n == 0 {
+                j.sync_waiting.remove(&tid);
+            }
         }
         r
     }

@@ -723,6 +723,7 @@ impl Volume {
             flush_on_close: AtomicBool::new(opts.flush_on_close),
             journal_data_kb: AtomicU64::new(opts.journal_data_kb),
             commit_flush_always: AtomicBool::new(opts.commit_flush_always),
+            logbufs: std::sync::atomic::AtomicUsize::new(opts.logbufs),
             home: Default::default(),
             opts,
             st: Mutex::new(State {
@@ -750,6 +751,7 @@ impl Volume {
             tree: Mutex::new(l.tree),
             jn: Mutex::new(JState {
                 committed: l.last_tid,
+                closed: l.last_tid,
                 released: l.last_tid,
                 want_tid: l.last_tid,
                 ckpt_seq: seq,

@@ -25,6 +25,7 @@ pub const TUNABLES: &[&str] = &[
     "flush_on_close",
     "journal_data_kb",
     "commit_flush",
+    "logbufs",
     "iostats",
     "inode_cache",
 ];
@@ -57,6 +58,7 @@ impl Volume {
                 true => "always".into(),
                 false => "needed".into(),
             },
+            "logbufs" => self.vol.logbufs.load(Ordering::Relaxed).to_string(),
             "iostats" => q.iostats().to_string(),
             "inode_cache" => self.vol.icache.lock().limit().to_string(),
             _ => return Err(unknown(key)),
@@ -100,6 +102,8 @@ impl Volume {
                 .vol
                 .commit_flush_always
                 .store(o.commit_flush_always, Ordering::Relaxed),
+            // The committer reads it before each commit.
+            "logbufs" => self.vol.logbufs.store(o.logbufs, Ordering::Relaxed),
             // Takes effect at the next open or last close.
             "inode_cache" => {
                 self.vol.icache.lock().set_limit(o.inode_cache);

@@ -32,6 +32,10 @@ const SECTORS_PER_BLOCK: u64 = PAGE / 512;
 /// Symlinks followed while resolving one path (the kernel's MAXSYMLINKS).
 const MAX_SYMLINKS: u32 = 40;
 
+/// `MountOptions::logbufs` unless set, and its largest value (XFS's bounds).
+pub const DEFAULT_LOGBUFS: usize = 2;
+pub const MAX_LOGBUFS: usize = 8;
+
 /// Options of `mount` (the kernel's mount options and sysctls that apply to a volume).
 #[derive(Clone, Debug)]
 pub struct MountOptions {
@@ -69,6 +73,13 @@ pub struct MountOptions {
     /// write alone is durable after everything before it, and a small fsync whose
     /// data is journaled costs one device write.
     pub commit_flush_always: bool,
+    /// Journal writes in flight at once (XFS's `logbufs`, 1 to 8). With more than one,
+    /// the committer closes and writes the next transaction while the one before is
+    /// still being written, so the fsyncs arriving meanwhile need not wait for it to
+    /// land first; commits still finish, and release their waiters, in order. 1: each
+    /// commit is written and waited for before the next closes (jbd2's one committing
+    /// transaction).
+    pub logbufs: usize,
     /// Mappings of unused files kept cached (`fs::icache`); past it, unused ones at
     /// rest are evicted, least recently used first.
     pub inode_cache: usize,
@@ -91,6 +102,7 @@ impl Default for MountOptions {
             wbt_judge: None,
             journal_data_kb: 0,
             commit_flush_always: false,
+            logbufs: DEFAULT_LOGBUFS,
             inode_cache: super::icache::DEFAULT_INODE_CACHE,
             format: None,
         }
@@ -103,8 +115,8 @@ impl MountOptions {
         dirty_ratio, dirty_background_ratio, dirty_bytes, dirty_background_bytes, \
         dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
         max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec, \
-        wbt_scale_up_when_limited, wbt_judge, journal_data_kb, commit_flush, inode_cache, \
-        format";
+        wbt_scale_up_when_limited, wbt_judge, journal_data_kb, commit_flush, logbufs, \
+        inode_cache, format";
 
     /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
     /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
@@ -177,6 +189,15 @@ impl MountOptions {
                     "needed" => false,
                     _ => return Err(bad("expected always or needed".into())),
                 }
+            }
+            "logbufs" => {
+                let n = num()?;
+                if !(1..=MAX_LOGBUFS as u64).contains(&n) {
+                    return Err(bad(format!(
+                        "journal writes in flight are from 1 to {MAX_LOGBUFS}"
+                    )));
+                }
+                self.logbufs = n as usize;
             }
             "format" => {
                 let v = u32::try_from(num()?).map_err(|e| bad(e.to_string()))?;
@@ -324,6 +345,9 @@ pub struct JournalStats {
     /// Commits written with FUA alone, no PREFLUSH: no write had completed since the
     /// last flush and no fsync waited for a data barrier (`commit_flush=needed`).
     pub commits_without_flush: u64,
+    /// Commits whose journal write was submitted while an earlier one was still in
+    /// flight (`logbufs` > 1).
+    pub commits_overlapped: u64,
     /// Bytes written to the journal and checkpoint areas.
     pub bytes: u64,
     /// The transaction every change up to which is durable.
@@ -815,6 +839,11 @@ impl State {
 #[derive(Default)]
 pub(super) struct JState {
     pub committed: u64,
+    /// The last transaction closed: committed, or its journal write in flight.
+    pub closed: u64,
+    /// Journal writes in flight, oldest first (at most `logbufs`); each is finished,
+    /// and its waiters released, only after every one before it.
+    pub in_flight: std::collections::VecDeque<super::commit::CommitInFlight>,
     /// The last transaction whose freed blocks were released (after the home writes
     /// of the journaled data it carried; `committed` otherwise).
     pub released: u64,
@@ -839,9 +868,11 @@ pub(super) struct JState {
     /// another (jbd2 batches only when several processes sync).
     pub last_sync_thread: Option<std::thread::ThreadId>,
     pub multi_sync: bool,
-    /// Threads blocked in fsync waiting for a commit, and how many the last sync commit
-    /// carried: the batching window waits for the group to re-form.
-    pub sync_waiting: usize,
+    /// Threads blocked in fsync waiting for a commit, by the transaction each waits
+    /// for, and how many the last sync commit carried: the batching window waits for
+    /// the group to re-form in the running transaction (threads waiting for one in
+    /// flight are not part of it).
+    pub sync_waiting: BTreeMap<u64, usize>,
     pub last_group: usize,
     pub error: Option<String>,
     pub stop: bool,
@@ -864,6 +895,8 @@ pub(super) struct Vol {
     pub journal_data_kb: AtomicU64,
     /// `opts.commit_flush_always`, switchable at run time.
     pub commit_flush_always: AtomicBool,
+    /// `opts.logbufs`, switchable at run time.
+    pub logbufs: std::sync::atomic::AtomicUsize,
     /// Home writes of journaled data in flight (`fs::jdata`).
     pub home: Arc<super::jdata::HomeWrites>,
     pub st: Mutex<State>,
