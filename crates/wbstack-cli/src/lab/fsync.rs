@@ -21,6 +21,8 @@ pub struct FsyncArm {
     /// The mount's commit_flush=always: every commit flushes (the behaviour before
     /// commits flushed only when a write completed since the last flush).
     pub commit_flush_always: bool,
+    /// The mount's logbufs: journal writes in flight at once.
+    pub logbufs: usize,
     pub files: u64,
     /// fs_mark's average files/s over the loops.
     pub files_per_sec: f64,
@@ -50,6 +52,34 @@ pub const FSYNC_JDATA_KB: u64 = 64;
 /// Asynchronous flushes each thread keeps in flight in the -A arm: an aio ring's worth.
 pub const FSYNC_ASYNC_DEPTH: usize = 1024;
 
+/// One arm of the experiment: fs_mark's sync method and threads, and the mount's
+/// journal settings.
+struct ArmSpec {
+    name: &'static str,
+    sync: SyncMethod,
+    threads: usize,
+    journal_data_kb: u64,
+    commit_flush_always: bool,
+    logbufs: usize,
+}
+
+impl ArmSpec {
+    const fn new(name: &'static str, sync: SyncMethod, threads: usize) -> ArmSpec {
+        ArmSpec {
+            name,
+            sync,
+            threads,
+            journal_data_kb: 0,
+            commit_flush_always: false,
+            logbufs: wbstack::fs::volume::DEFAULT_LOGBUFS,
+        }
+    }
+    const fn jdata(mut self) -> ArmSpec {
+        self.journal_data_kb = FSYNC_JDATA_KB;
+        self
+    }
+}
+
 /// Seed 004: fs_mark of 4 KiB files with 8 threads at -S0, -S1 and -A, and 1 thread at
 /// -S1, each on a fresh volume.
 pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
@@ -70,23 +100,40 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
         .parse(&format!("cache_size={cache}"))
         .map_err(|e| e.to_string())?;
     // The j arms: the same -S1 runs with journaled data (fs::jdata), each fsync's data
-    // carried in its commit; S1-8jf with commit_flush=always, every commit a flush.
-    let arms_spec: [(&str, SyncMethod, usize, u64, bool); 7] = [
-        ("S0-8", SyncMethod::None, 8, 0, false),
-        ("S1-8", SyncMethod::Fsync, 8, 0, false),
-        ("A-8", SyncMethod::Async, 8, 0, false),
-        ("S1-1", SyncMethod::Fsync, 1, 0, false),
-        ("S1-8j", SyncMethod::Fsync, 8, FSYNC_JDATA_KB, false),
-        ("S1-8jf", SyncMethod::Fsync, 8, FSYNC_JDATA_KB, true),
-        ("S1-1j", SyncMethod::Fsync, 1, FSYNC_JDATA_KB, false),
+    // carried in its commit; S1-8jf with commit_flush=always, every commit a flush;
+    // S1-8j1 with logbufs=1, each commit written only once the one before finished.
+    let arms_spec = [
+        ArmSpec::new("S0-8", SyncMethod::None, 8),
+        ArmSpec::new("S1-8", SyncMethod::Fsync, 8),
+        ArmSpec::new("A-8", SyncMethod::Async, 8),
+        ArmSpec::new("S1-1", SyncMethod::Fsync, 1),
+        ArmSpec::new("S1-8j", SyncMethod::Fsync, 8).jdata(),
+        ArmSpec {
+            commit_flush_always: true,
+            ..ArmSpec::new("S1-8jf", SyncMethod::Fsync, 8).jdata()
+        },
+        ArmSpec {
+            logbufs: 1,
+            ..ArmSpec::new("S1-8j1", SyncMethod::Fsync, 8).jdata()
+        },
+        ArmSpec::new("S1-1j", SyncMethod::Fsync, 1).jdata(),
     ];
     let mut arms = Vec::new();
     let mut timelines = Vec::new();
     let mut commands = Vec::new();
-    for (name, sync, threads, jdata_kb, flush_always) in arms_spec {
+    for arm in arms_spec {
+        let ArmSpec {
+            name,
+            sync,
+            threads,
+            journal_data_kb: jdata_kb,
+            commit_flush_always: flush_always,
+            logbufs,
+        } = arm;
         let mopts = wbstack::fs::MountOptions {
             journal_data_kb: jdata_kb,
             commit_flush_always: flush_always,
+            logbufs,
             ..mount.clone()
         };
         let vfs = Arc::new(volfs::VolumeFs::format(FSYNC_DEVICE, mopts)?);
@@ -113,7 +160,7 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
             SyncMethod::Async => "A",
         };
         commands.push(format!(
-            "wbstack bench fsmark --device {FSYNC_DEVICE} -o cache_size={cache},journal_data_kb={jdata_kb}{} {} -D 100 -S{sync_flag} -n {per_thread} -s 4096 -L {loops}{}",
+            "wbstack bench fsmark --device {FSYNC_DEVICE} -o cache_size={cache},journal_data_kb={jdata_kb},logbufs={logbufs}{} {} -D 100 -S{sync_flag} -n {per_thread} -s 4096 -L {loops}{}",
             if flush_always { ",commit_flush=always" } else { "" },
             (0..threads).map(|i| format!("-d {i}")).collect::<Vec<_>>().join(" "),
             if sync == SyncMethod::Async { format!(" --async-depth {FSYNC_ASYNC_DEPTH}") } else { String::new() }
@@ -143,6 +190,7 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
             threads,
             journal_data_kb: jdata_kb,
             commit_flush_always: flush_always,
+            logbufs,
             files: t.files,
             files_per_sec: t.files_per_sec,
             files_per_sec_incl_sync: t.files_per_sec_incl_sync,
@@ -290,6 +338,18 @@ pub fn table_fsync(e: &Experiment<FsyncArm>) -> String {
             s1.fsyncs_per_device_io,
             j8.files_per_sec / s1.files_per_sec.max(1e-9),
             j1.files_per_sec / one.files_per_sec.max(1e-9)
+        );
+    }
+    if let (Some(j8), Some(j1)) = (get("S1-8j"), get("S1-8j1")) {
+        outln!(
+            out,
+            "logbufs={} (S1-8j) against 1 (S1-8j1): files/s {:.2}x ({} against {}), {} against {} commits",
+            j8.logbufs,
+            j8.files_per_sec / j1.files_per_sec.max(1e-9),
+            fmt_int(j8.files_per_sec),
+            fmt_int(j1.files_per_sec),
+            j8.journal_commits,
+            j1.journal_commits
         );
     }
     if let (Some(j8), Some(jf)) = (get("S1-8j"), get("S1-8jf")) {
