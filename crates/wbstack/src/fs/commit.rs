@@ -330,6 +330,13 @@ impl Vol {
                     parking_lot::MutexGuard::unlocked(&mut st, || self.submit_home(home));
                     continue;
                 }
+                // And the journal writes in flight finish: what the ordered data's
+                // writeback may wait for (blocks those commits free) does not wait
+                // behind this wait.
+                if !self.jn.lock().in_flight.is_empty() {
+                    parking_lot::MutexGuard::unlocked(&mut st, || self.finish_commits(0));
+                    continue;
+                }
                 let timed_out = self
                     .ordered_cv
                     .wait_for(&mut st, std::time::Duration::from_millis(100))
