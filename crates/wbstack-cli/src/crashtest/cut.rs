@@ -36,6 +36,8 @@ pub struct CutReport {
     /// fsyncs that journaled their data (`journal_data_kb`), and the blocks.
     pub journal_data_fsyncs: u64,
     pub journal_data_blocks: u64,
+    /// Commits written while an earlier one was in flight (`logbufs`).
+    pub journal_commits_overlapped: u64,
     pub device_writes: u64,
     pub device_flushes: u64,
     /// Problems of fsck before the mount, of the mounted metadata, and of fsck after
@@ -340,6 +342,7 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
     rep.journal_checkpoints = js.checkpoints;
     rep.journal_data_fsyncs = js.data_fsyncs;
     rep.journal_data_blocks = js.data_blocks;
+    rep.journal_commits_overlapped = js.commits_overlapped;
     let ds = probe.sim().stats();
     rep.device_writes = ds.writes;
     rep.device_flushes = ds.flushes;

@@ -158,6 +158,7 @@ pub struct Summary {
     pub journal_checkpoints: u64,
     pub journal_data_fsyncs: u64,
     pub journal_data_blocks: u64,
+    pub journal_commits_overlapped: u64,
     pub landed: Landed,
     pub seconds: f64,
     /// Every cut, in one line.
@@ -190,6 +191,7 @@ impl Summary {
         self.journal_checkpoints += r.journal_checkpoints;
         self.journal_data_fsyncs += r.journal_data_fsyncs;
         self.journal_data_blocks += r.journal_data_blocks;
+        self.journal_commits_overlapped += r.journal_commits_overlapped;
         let l = &r.landing;
         let has = |a: &str| l.in_flight.contains_key(a) as u64;
         let d = &mut self.landed;
@@ -365,12 +367,13 @@ pub fn print_human(s: &Summary) {
         }
     );
     println!(
-        "  workload: {} ops, {} fsyncs + {} fdatasyncs + {} syncs acknowledged, {} commits, {} checkpoints; {} fsyncs journaled their data ({} blocks)",
+        "  workload: {} ops, {} fsyncs + {} fdatasyncs + {} syncs acknowledged, {} commits ({} written beside an earlier one in flight), {} checkpoints; {} fsyncs journaled their data ({} blocks)",
         s.ops,
         s.fsyncs_acked,
         s.fdatasyncs_acked,
         s.syncs_acked,
         s.journal_commits,
+        s.journal_commits_overlapped,
         s.journal_checkpoints,
         s.journal_data_fsyncs,
         s.journal_data_blocks
