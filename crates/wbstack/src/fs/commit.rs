@@ -35,13 +35,18 @@ pub(super) fn committer(weak: Weak<Vol>) {
 
 /// A journal write in flight (`MountOptions::logbufs`): what finishing it records.
 pub(super) struct CommitInFlight {
+    what: Durable,
+    write: Arc<CommitWrite>,
+}
+
+/// What a commit made durable, for the bookkeeping of `Vol::durable`.
+struct Durable {
     tid: u64,
-    /// The barrier generation its PREFLUSH started, if it carries one.
+    /// The barrier generation of its PREFLUSH, if it carried one.
     gen: Option<u64>,
     bytes: u64,
     nrec: usize,
     t0_ns: u64,
-    write: Arc<CommitWrite>,
 }
 
 /// The end of a journal write: its status, for the committer, which it wakes.
@@ -232,42 +237,60 @@ impl Vol {
             self.abort(format!("a journal write failed ({e})"));
             return false;
         }
+        self.durable(c.what, None);
+        true
+    }
+
+    /// Transaction `d.tid` is durable (its journal write, or the checkpoint `ckpt`
+    /// holding it, completed, and every one before it): release the blocks it freed
+    /// once its home writes completed, make it committed, wake its waiters.
+    fn durable(&self, d: Durable, ckpt: Option<(usize, u64)>) {
         // A home write must never land in a block another file got meanwhile: the
         // blocks this transaction freed are released once its home writes completed.
-        self.wait_home(c.tid);
+        self.wait_home(d.tid);
         {
             let mut st = self.st.lock();
-            let r = st.meta.alloc.commit(c.tid).map(|_| ());
+            let r = st.meta.alloc.commit(d.tid).map(|_| ());
             st.allocator_broken("releasing the blocks a commit freed", r);
         }
-        let took = self.now().saturating_sub(c.t0_ns);
+        let took = self.now().saturating_sub(d.t0_ns);
         let mut j = self.jn.lock();
         debug_assert!(
-            c.tid > j.committed && c.tid <= j.closed,
+            d.tid > j.committed && d.tid <= j.closed,
             "commit {} finished out of order (committed {}, closed {})",
-            c.tid,
+            d.tid,
             j.committed,
             j.closed
         );
-        j.committed = c.tid;
-        j.released = c.tid;
-        if let Some(g) = c.gen {
+        j.committed = d.tid;
+        j.released = d.tid;
+        if let Some(g) = d.gen {
             debug_assert!(g > j.barrier_done, "barrier {g} finished out of order");
             j.barrier_done = g;
         }
-        j.stats.bytes += c.bytes;
-        j.stats.commits += 1;
+        j.stats.bytes += d.bytes;
+        match ckpt {
+            Some((slot, seq)) => {
+                debug_assert!(j.in_flight.is_empty(), "a checkpoint beside journal writes");
+                j.head = 0;
+                j.ckpt_slot = slot;
+                j.ckpt_seq = seq;
+                j.force_checkpoint = false;
+                j.stats.checkpoints += 1;
+                j.stats.checkpoint_ns += took;
+            }
+            None => j.stats.commits += 1,
+        }
         j.avg_commit_ns = (took + 3 * j.avg_commit_ns) / 4;
         j.last_commit_ns = self.now();
         drop(j);
         self.jcv.notify_all();
         self.settle_async();
-        let (tid, nrec, bytes) = (c.tid, c.nrec, c.bytes);
+        let (tid, nrec, bytes, checkpoint) = (d.tid, d.nrec, d.bytes, ckpt.is_some());
         trace::emit(
             "jbd2_commit",
-            || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": false, "ns": took}),
+            || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": checkpoint, "ns": took}),
         );
-        true
     }
 
     /// A bare cache flush for the data barrier waiters.
@@ -470,11 +493,13 @@ impl Vol {
                         j.stats.commits_overlapped += 1;
                     }
                     j.in_flight.push_back(CommitInFlight {
-                        tid,
-                        gen,
-                        bytes,
-                        nrec,
-                        t0_ns: t0,
+                        what: Durable {
+                            tid,
+                            gen,
+                            bytes,
+                            nrec,
+                            t0_ns: t0,
+                        },
                         write: write.clone(),
                     });
                 }
@@ -545,38 +570,15 @@ impl Vol {
             self.abort(format!("a checkpoint write failed ({e})"));
             return;
         }
-        // A home write must never land in a block another file got meanwhile: the
-        // blocks this transaction freed are released once its home writes completed.
-        self.wait_home(tid);
-        {
-            let mut st = self.st.lock();
-            let r = st.meta.alloc.commit(tid).map(|_| ());
-            st.allocator_broken("releasing the blocks a checkpoint freed", r);
-        }
-        let took = self.now().saturating_sub(t0);
-        let mut j = self.jn.lock();
-        debug_assert!(j.in_flight.is_empty() && tid > j.committed);
-        j.committed = tid;
-        j.released = tid;
-        if let Some(g) = gen {
-            j.barrier_done = g;
-        }
-        j.head = 0;
-        j.stats.bytes += bytes;
-        let (slot, seq) = new_slot;
-        j.ckpt_slot = slot;
-        j.ckpt_seq = seq;
-        j.force_checkpoint = false;
-        j.stats.checkpoints += 1;
-        j.stats.checkpoint_ns += took;
-        j.avg_commit_ns = (took + 3 * j.avg_commit_ns) / 4;
-        j.last_commit_ns = self.now();
-        drop(j);
-        self.jcv.notify_all();
-        self.settle_async();
-        trace::emit(
-            "jbd2_commit",
-            || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": true, "ns": took}),
+        self.durable(
+            Durable {
+                tid,
+                gen,
+                bytes,
+                nrec,
+                t0_ns: t0,
+            },
+            Some(new_slot),
         );
     }
 
