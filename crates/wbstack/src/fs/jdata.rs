@@ -3,7 +3,8 @@
 //! that data in the commit itself, so one PREFLUSH|FUA write makes the data, its
 //! extents and the size durable together, instead of a data write and then a commit.
 //!
-//! The path, all of it decided here and in `journal.rs`:
+//! The path, all of it decided here, in `commit.rs` (when home writes go) and in
+//! `journal.rs` (replay):
 //! - `Vol::journal_data` (fsync): claims the inode's dirty pages (cleaned, under
 //!   writeback, copied: `Mapping::claim_dirty`), then under `st` finds each page's block
 //!   (its mapped block, overwritten in place, or a new one from its delayed-allocation
