@@ -13,8 +13,8 @@ use crate::block::{Bio, BioEndIo, BioFlags, BlkResult};
 use crate::buf::IoBuf;
 use crate::clock::{NSEC_PER_MSEC, NSEC_PER_USEC};
 use crate::trace;
-use serde_json::json;
 use parking_lot::{Condvar, Mutex};
+use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -80,7 +80,10 @@ impl JState {
     /// Threads blocked in fsync for a transaction not closed yet: the group the next
     /// commit carries.
     fn waiting_for_running(&self) -> usize {
-        self.sync_waiting.range(self.closed + 1..).map(|(_, n)| n).sum()
+        self.sync_waiting
+            .range(self.closed + 1..)
+            .map(|(_, n)| n)
+            .sum()
     }
 }
 
