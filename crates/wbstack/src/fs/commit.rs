@@ -9,11 +9,10 @@ use super::error::{FsError, FsResult};
 use super::format::{Checkpoint, Txn, BLOCK_SIZE, TREE_VERSION};
 use super::metatree;
 use super::volume::{JState, Vol};
-use crate::block::{Bio, BioEndIo, BioFlags, BlkResult};
+use crate::block::{Bio, BioEndIo, BioFlags, BioWait, BlkResult};
 use crate::buf::IoBuf;
 use crate::clock::{NSEC_PER_MSEC, NSEC_PER_USEC};
 use crate::trace;
-use parking_lot::{Condvar, Mutex};
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -49,30 +48,17 @@ struct Durable {
     t0_ns: u64,
 }
 
-/// The end of a journal write: its status, for the committer, which it wakes.
+/// The end of a journal write: collected as any waited-for bio's (`BioWait`), and
+/// the committer woken to finish it.
 struct CommitWrite {
-    status: Mutex<Option<BlkResult>>,
-    done: Condvar,
+    done: BioWait,
     committer: Arc<crate::clock::Waiter>,
 }
 
 impl BioEndIo for CommitWrite {
-    fn end_io(&self, _bio: Bio, status: BlkResult) {
-        *self.status.lock() = Some(status);
-        self.done.notify_all();
+    fn end_io(&self, bio: Bio, status: BlkResult) {
+        self.done.end_io(bio, status);
         self.committer.kick();
-    }
-}
-
-impl CommitWrite {
-    fn wait(&self) -> BlkResult {
-        let mut s = self.status.lock();
-        loop {
-            if let Some(r) = s.take() {
-                return r;
-            }
-            self.done.wait(&mut s);
-        }
     }
 }
 
@@ -89,7 +75,12 @@ impl JState {
 
 enum Payload {
     Txn(Txn),
-    Checkpoint(Vec<u8>),
+    Checkpoint(CheckpointPayload),
+}
+
+enum CheckpointPayload {
+    /// The whole metadata image (formats before the tree).
+    Image(Vec<u8>),
     /// The changed keys' values, taken under `st`; their tree operations are built
     /// without it.
     Tree(metatree::Captured),
@@ -215,33 +206,22 @@ impl Vol {
                     None => return,
                 }
             };
-            let status = write.status.lock().take();
-            let status = match status {
-                Some(s) => s,
-                None if in_flight > keep => write.wait(),
-                None => return,
-            };
+            if write.done.completed() == 0 && in_flight <= keep {
+                return;
+            }
+            let (_, status) = write.done.wait_one();
             let c = self
                 .jn
                 .lock()
                 .in_flight
                 .pop_front()
                 .expect("only the committer takes writes in flight");
-            if !self.finish_commit(c, status) {
+            if let Err(e) = status {
+                self.abort(format!("a journal write failed ({e})"));
                 return;
             }
+            self.durable(c.what, None);
         }
-    }
-
-    /// Finish one journal write (the oldest in flight): false if it failed and the
-    /// journal aborted.
-    fn finish_commit(&self, c: CommitInFlight, status: BlkResult) -> bool {
-        if let Err(e) = status {
-            self.abort(format!("a journal write failed ({e})"));
-            return false;
-        }
-        self.durable(c.what, None);
-        true
     }
 
     /// Transaction `d.tid` is durable (its journal write, or the checkpoint `ckpt`
@@ -436,9 +416,17 @@ impl Vol {
                 let covered = Some(txn);
                 if self.sb.version >= TREE_VERSION {
                     let changes = st.meta.take_changes();
-                    (Payload::Tree(metatree::capture(&st.meta, changes)), covered)
+                    (
+                        Payload::Checkpoint(CheckpointPayload::Tree(metatree::capture(
+                            &st.meta, changes,
+                        ))),
+                        covered,
+                    )
                 } else {
-                    (Payload::Checkpoint(st.meta.encode_image()), covered)
+                    (
+                        Payload::Checkpoint(CheckpointPayload::Image(st.meta.encode_image())),
+                        covered,
+                    )
                 }
             } else {
                 (Payload::Txn(txn), None)
@@ -476,7 +464,7 @@ impl Vol {
             Some(_) => BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META,
             None => BioFlags::FUA | BioFlags::META,
         };
-        let payload = match payload {
+        let checkpoint = match payload {
             Payload::Txn(txn) => {
                 // Written without waiting: the committer may close and write the next
                 // transaction while this one is in flight (`finish_commits`).
@@ -484,38 +472,38 @@ impl Vol {
                 drop(txn);
                 let bytes = e.len() as u64;
                 let write = Arc::new(CommitWrite {
-                    status: Mutex::new(None),
-                    done: Condvar::new(),
+                    done: BioWait::default(),
                     committer: self.jwaiter.clone(),
                 });
-                {
-                    let mut j = self.jn.lock();
-                    debug_assert_eq!(j.head, head, "the journal head moved under the committer");
-                    j.head = head + bytes / PAGE;
-                    if !j.in_flight.is_empty() {
-                        j.stats.commits_overlapped += 1;
-                    }
-                    j.in_flight.push_back(CommitInFlight {
-                        what: Durable {
-                            tid,
-                            gen,
-                            bytes,
-                            nrec,
-                            t0_ns: t0,
-                        },
-                        write: write.clone(),
-                    });
-                }
                 let bio = Bio::write(sector(self.sb.journal_start + head), IoBuf::from_slice(&e))
                     .with_flags(flags)
                     .with_end_io(write.clone());
                 if let Err(e) = self.q.submit_bio(bio) {
-                    // Refused before it was queued: it never completes on its own.
-                    *write.status.lock() = Some(Err(e));
+                    // Refused before it was queued (it never completes).
+                    self.abort(format!("a journal write was refused ({e})"));
+                    return;
                 }
+                // Recorded after the submission: only this thread finishes writes in
+                // flight, and a completion meanwhile waits in `write.done`.
+                let mut j = self.jn.lock();
+                debug_assert_eq!(j.head, head, "the journal head moved under the committer");
+                j.head = head + bytes / PAGE;
+                if !j.in_flight.is_empty() {
+                    j.stats.commits_overlapped += 1;
+                }
+                j.in_flight.push_back(CommitInFlight {
+                    what: Durable {
+                        tid,
+                        gen,
+                        bytes,
+                        nrec,
+                        t0_ns: t0,
+                    },
+                    write,
+                });
                 return;
             }
-            other => other,
+            Payload::Checkpoint(c) => c,
         };
         // A checkpoint forgets the journal: every write in it completes first, and
         // the transactions they carry are committed before this one.
@@ -523,9 +511,8 @@ impl Vol {
         if self.jn.lock().error.is_some() {
             return;
         }
-        let (res, bytes, new_slot) = match payload {
-            Payload::Txn(_) => unreachable!("journal writes returned above"),
-            Payload::Checkpoint(image) => {
+        let (res, bytes, new_slot) = match checkpoint {
+            CheckpointPayload::Image(image) => {
                 // The checkpoint forgets the journal, and with it the only durable copy
                 // of journaled data not yet home: its home writes complete first (the
                 // checkpoint's PREFLUSH makes them durable before the checkpoint is).
@@ -556,7 +543,7 @@ impl Vol {
                 };
                 (r, n, (slot, seq))
             }
-            Payload::Tree(captured) => {
+            CheckpointPayload::Tree(captured) => {
                 // As above: journaled data home first.
                 self.wait_home(tid);
                 let (slot, seq) = {
