@@ -354,3 +354,43 @@ fn device_nodes_and_xattrs_survive_remount_and_crash() {
         v.unmount().unwrap();
     }
 }
+
+/// mkfs on a file device writes the whole journal once: a commit into a hole of a
+/// sparse image would allocate in the host filesystem (and with FUA wait for the
+/// host's journal). On a simulated device, where first writes cost nothing extra, it
+/// writes only its few metadata blocks.
+#[test]
+fn mkfs_writes_the_journal_of_a_file_device_once_and_not_of_a_sim() {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::io::AsRawFd;
+    use wbstack::fs::{MkfsOptions, Volume};
+    let dir = tempfile::Builder::new()
+        .prefix("mkfs-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let path = dir.path().join("disk.img");
+    let q = common::queue(&format!("file:{},create=1,size=64M", path.display()));
+    let sb = Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
+    let (start, end) = (sb.journal_start * 4096, (sb.journal_start + sb.journal_blocks) * 4096);
+    let f = std::fs::File::open(&path).unwrap();
+    assert!(
+        f.metadata().unwrap().blocks() * 512 >= end - start,
+        "the image holds fewer bytes than the journal"
+    );
+    // SAFETY: lseek on a descriptor this test owns; it moves only its offset.
+    let hole = unsafe { libc::lseek(f.as_raw_fd(), start as libc::off_t, libc::SEEK_HOLE) };
+    assert!(hole >= end as libc::off_t, "a hole at {hole} inside the journal {start}..{end}");
+    drop(q);
+    Volume::mount(common::queue(&format!("file:{}", path.display())), Default::default())
+        .unwrap()
+        .unmount()
+        .unwrap();
+
+    let q = common::queue("sim:ssd,size=64M");
+    let sb = Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
+    let written_bytes = q.diskstats().sectors[1] * 512;
+    assert!(
+        written_bytes < sb.journal_blocks * 4096 / 4,
+        "{written_bytes} bytes written by mkfs on a sim device"
+    );
+}

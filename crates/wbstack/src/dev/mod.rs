@@ -88,6 +88,15 @@ pub trait Device: Send + Sync + 'static {
         false
     }
 
+    /// Whether a block's first write costs more than later ones: a sparse file, whose
+    /// host filesystem allocates at the first write into a hole (and a write with FUA
+    /// then waits for the host's journal too). mkfs writes the journal once on such a
+    /// device, so commits overwrite, as mke2fs zeroes its journal where discard does
+    /// not, and PostgreSQL zero-fills new WAL segments (wal_init_zero).
+    fn first_write_allocates(&self) -> bool {
+        false
+    }
+
     /// For downcasting to a concrete device (fault injection, power cut).
     fn as_any(&self) -> &dyn Any;
 }
@@ -114,6 +123,9 @@ macro_rules! stacked_device {
         }
         fn can_poll(&self) -> bool {
             self.$inner.can_poll()
+        }
+        fn first_write_allocates(&self) -> bool {
+            self.$inner.first_write_allocates()
         }
         fn as_any(&self) -> &dyn std::any::Any {
             self

@@ -1160,6 +1160,12 @@ impl Device for UringDevice {
         &self.geo
     }
 
+    fn first_write_allocates(&self) -> bool {
+        // A regular file may have holes (create= extends it sparse); a block device
+        // has none.
+        !self.shared.is_bdev
+    }
+
     fn spec(&self) -> &str {
         &self.spec
     }
