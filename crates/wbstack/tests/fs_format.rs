@@ -371,7 +371,10 @@ fn mkfs_writes_the_journal_of_a_file_device_once_and_not_of_a_sim() {
     let path = dir.path().join("disk.img");
     let q = common::queue(&format!("file:{},create=1,size=64M", path.display()));
     let sb = Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
-    let (start, end) = (sb.journal_start * 4096, (sb.journal_start + sb.journal_blocks) * 4096);
+    let (start, end) = (
+        sb.journal_start * 4096,
+        (sb.journal_start + sb.journal_blocks) * 4096,
+    );
     let f = std::fs::File::open(&path).unwrap();
     assert!(
         f.metadata().unwrap().blocks() * 512 >= end - start,
@@ -379,12 +382,18 @@ fn mkfs_writes_the_journal_of_a_file_device_once_and_not_of_a_sim() {
     );
     // SAFETY: lseek on a descriptor this test owns; it moves only its offset.
     let hole = unsafe { libc::lseek(f.as_raw_fd(), start as libc::off_t, libc::SEEK_HOLE) };
-    assert!(hole >= end as libc::off_t, "a hole at {hole} inside the journal {start}..{end}");
+    assert!(
+        hole >= end as libc::off_t,
+        "a hole at {hole} inside the journal {start}..{end}"
+    );
     drop(q);
-    Volume::mount(common::queue(&format!("file:{}", path.display())), Default::default())
-        .unwrap()
-        .unmount()
-        .unwrap();
+    Volume::mount(
+        common::queue(&format!("file:{}", path.display())),
+        Default::default(),
+    )
+    .unwrap()
+    .unmount()
+    .unwrap();
 
     let q = common::queue("sim:ssd,size=64M");
     let sb = Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
