@@ -126,6 +126,7 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
         ("journal_flushes", j.flushes),
         ("journal_bytes", j.bytes),
         ("journal_sync_waits", j.sync_waits),
+        ("journal_sync_woken", j.sync_woken),
         ("inode_cache_cached", ic.cached),
         ("inode_cache_live", ic.live),
         ("inode_cache_evicted", ic.evicted),

@@ -146,6 +146,42 @@ fn a_second_commit_is_written_while_the_first_is_in_flight_and_finishes_after_it
     Arc::into_inner(v).unwrap().unmount().unwrap();
 }
 
+/// A finished journal write wakes the fsync waiters of its own transaction only:
+/// b, waiting for the next one still in flight, sleeps through a's finish.
+#[test]
+fn a_finished_commit_wakes_only_its_own_waiters() {
+    let (gate, _q, v) = gated(2);
+    let v = Arc::new(v);
+    gate.armed.store(true, Ordering::SeqCst);
+    let woken = v.journal_stats().sync_woken;
+
+    let a = create_and_fsync(&v, "/a");
+    wait_for("a's commit to reach the device", || gate.held() == 1);
+    let b = create_and_fsync(&v, "/b");
+    wait_for("b's commit to be written beside a's", || gate.held() == 2);
+
+    gate.complete(0);
+    a.join().unwrap().unwrap();
+    // Counted once the wake-up that released a returned, with everyone it woke.
+    wait_for("a's wake-up counted", || {
+        v.journal_stats().sync_woken > woken
+    });
+    assert_eq!(
+        v.journal_stats().sync_woken,
+        woken + 1,
+        "b was woken by a's commit"
+    );
+    assert!(!b.is_finished());
+    gate.complete(0);
+    b.join().unwrap().unwrap();
+    wait_for("b's wake-up counted", || {
+        v.journal_stats().sync_woken > woken + 1
+    });
+    assert_eq!(v.journal_stats().sync_woken, woken + 2);
+    gate.armed.store(false, Ordering::SeqCst);
+    Arc::into_inner(v).unwrap().unmount().unwrap();
+}
+
 #[test]
 fn with_one_log_buffer_the_next_commit_waits_for_the_one_in_flight() {
     let (gate, _q, v) = gated(1);

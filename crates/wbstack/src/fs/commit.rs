@@ -8,11 +8,12 @@ use super::checkpoint::root_record;
 use super::error::{FsError, FsResult};
 use super::format::{Checkpoint, Txn, BLOCK_SIZE, TREE_VERSION};
 use super::metatree;
-use super::volume::{JState, Vol};
+use super::volume::{JState, Vol, TID_WAIT_SLOTS};
 use crate::block::{Bio, BioEndIo, BioFlags, BioWait, BlkResult};
 use crate::buf::IoBuf;
 use crate::clock::{NSEC_PER_MSEC, NSEC_PER_USEC};
 use crate::trace;
+use parking_lot::Condvar;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -238,6 +239,7 @@ impl Vol {
         }
         let took = self.now().saturating_sub(d.t0_ns);
         let mut j = self.jn.lock();
+        let before = j.committed;
         debug_assert!(
             d.tid > j.committed && d.tid <= j.closed,
             "commit {} finished out of order (committed {}, closed {})",
@@ -267,7 +269,7 @@ impl Vol {
         j.avg_commit_ns = (took + 3 * j.avg_commit_ns) / 4;
         j.last_commit_ns = self.now();
         drop(j);
-        self.jcv.notify_all();
+        self.wake_journal(before + 1..=d.tid, d.gen.is_some());
         self.settle_async();
         let (tid, nrec, bytes, checkpoint) = (d.tid, d.nrec, d.bytes, ckpt.is_some());
         trace::emit(
@@ -294,7 +296,7 @@ impl Vol {
         j.barrier_done = gen;
         j.stats.flushes += 1;
         drop(j);
-        self.jcv.notify_all();
+        self.wake_journal(1..=0, true);
         self.settle_async();
     }
 
@@ -606,7 +608,7 @@ impl Vol {
         self.sb_err.set(libc::EIO);
         self.st.lock().aborted = Some(why.clone());
         self.jn.lock().error = Some(why);
-        self.jcv.notify_all();
+        self.wake_journal_all();
         self.settle_async();
         self.fail_home();
     }
@@ -642,6 +644,42 @@ impl Vol {
             w.state.complete(r);
         }
         self.jwaiter.kick();
+    }
+
+    /// Wake the journal's waiters after transactions `tids` became durable and, with
+    /// `barrier`, a cache flush finished: fsync's waiters of those transactions, and
+    /// those whose transaction was durable already but who wait for a flush. The
+    /// waiters of the next transaction in flight sleep on.
+    pub(super) fn wake_journal(&self, tids: std::ops::RangeInclusive<u64>, barrier: bool) {
+        self.jcv.notify_all();
+        let mut woken = 0;
+        if barrier {
+            woken += self.barrier_cv.notify_all();
+        }
+        let n = if tids.is_empty() {
+            0
+        } else {
+            tids.end() - tids.start() + 1
+        };
+        if n > TID_WAIT_SLOTS as u64 {
+            woken += self.tid_cv.iter().map(Condvar::notify_all).sum::<usize>();
+        } else {
+            for tid in tids {
+                woken += self.tid_cv[tid as usize % TID_WAIT_SLOTS].notify_all();
+            }
+        }
+        if woken > 0 {
+            self.jn.lock().stats.sync_woken += woken as u64;
+        }
+    }
+
+    /// Wake every waiter on the journal (it failed, or stops).
+    pub(super) fn wake_journal_all(&self) {
+        self.jcv.notify_all();
+        self.barrier_cv.notify_all();
+        for cv in &self.tid_cv {
+            cv.notify_all();
+        }
     }
 
     /// Complete the asynchronous flushes a commit (or a failure) has settled.
@@ -695,7 +733,11 @@ impl Vol {
             if j.committed >= tid && data_gen.is_none_or(|g| j.barrier_done > g) {
                 break Ok(());
             }
-            self.jcv.wait(&mut j);
+            if j.committed >= tid {
+                self.barrier_cv.wait(&mut j);
+            } else {
+                self.tid_cv[tid as usize % TID_WAIT_SLOTS].wait(&mut j);
+            }
         };
         if asked {
             let n = j

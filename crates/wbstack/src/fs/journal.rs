@@ -791,6 +791,8 @@ impl Volume {
                 ..Default::default()
             }),
             jcv: Condvar::new(),
+            tid_cv: std::array::from_fn(|_| Condvar::new()),
+            barrier_cv: Condvar::new(),
             jwaiter,
             aops: aops.clone(),
             committer: Mutex::new(None),
@@ -947,7 +949,7 @@ impl Vol {
                 st.aborted = Some(why.to_string());
             }
         }
-        self.jcv.notify_all();
+        self.wake_journal_all();
         self.settle_async();
         self.fail_home();
         self.jwaiter.kick();

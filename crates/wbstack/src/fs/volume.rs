@@ -35,6 +35,9 @@ const MAX_SYMLINKS: u32 = 40;
 /// `MountOptions::logbufs` unless set, and its largest value (XFS's bounds).
 pub const DEFAULT_LOGBUFS: usize = 2;
 pub const MAX_LOGBUFS: usize = 8;
+/// Wait slots of fsync's waiters: twice the transactions that can be closed and not
+/// yet durable, so the waiters of two of them rarely share one.
+pub const TID_WAIT_SLOTS: usize = 2 * MAX_LOGBUFS;
 
 /// Options of `mount` (the kernel's mount options and sysctls that apply to a volume).
 #[derive(Clone, Debug)]
@@ -354,6 +357,10 @@ pub struct JournalStats {
     pub committed_tid: u64,
     /// Commits requested by fsync (each waiter counts once).
     pub sync_waits: u64,
+    /// fsync waiters woken by a finished commit or cache flush: each once, when
+    /// wakeups go by transaction (a woken waiter whose transaction is still in flight
+    /// would sleep again).
+    pub sync_woken: u64,
     /// fsyncs whose data went into the journal (`journal_data_kb`), and the blocks.
     pub data_fsyncs: u64,
     pub data_blocks: u64,
@@ -904,7 +911,14 @@ pub(super) struct Vol {
     /// The metadata tree (`fs::checkpoint`); only checkpoints take it, before `st`.
     pub tree: Mutex<Option<super::checkpoint::MetaTree>>,
     pub jn: Mutex<JState>,
+    /// Waiters on the journal's state other than fsync's (releases, checkpoints).
     pub jcv: Condvar,
+    /// fsync's waiters, by the transaction they wait for (`tid % TID_WAIT_SLOTS`): a
+    /// finished journal write wakes the threads of its transaction, not those of the
+    /// next one still in flight (`Vol::wake_journal`).
+    pub tid_cv: [Condvar; TID_WAIT_SLOTS],
+    /// fsync's waiters whose transaction is durable, waiting for a cache flush.
+    pub barrier_cv: Condvar,
     pub jwaiter: Arc<crate::clock::Waiter>,
     pub aops: Arc<Aops>,
     pub committer: Mutex<Option<std::thread::JoinHandle<()>>>,
