@@ -20,6 +20,15 @@ fn fail_data_writes(q: &Arc<RequestQueue>, v: &Volume) {
     sim(q).inject_eio(first..u64::MAX / 2, false, true);
 }
 
+/// `quiet()` with ordered data only: the tests whose subject is a data write that
+/// fails under fsync, or fdatasync's flush without a commit. Journaled data (small
+/// fsyncs by default) makes such data durable in the commit itself.
+fn ordered() -> MountOptions {
+    let mut o = quiet();
+    o.journal_data_kb = 0;
+    o
+}
+
 fn eio(r: Result<(), wbstack::fs::FsError>) -> i32 {
     match r {
         Ok(()) => 0,
@@ -29,7 +38,7 @@ fn eio(r: Result<(), wbstack::fs::FsError>) -> i32 {
 
 #[test]
 fn every_open_file_sees_a_writeback_error_exactly_once() {
-    let (q, v) = fresh("sim:ssd,size=64M", quiet());
+    let (q, v) = fresh("sim:ssd,size=64M", ordered());
     let a = v.create("/f").unwrap();
     let b = v.open("/f", &OpenOptions::read_write()).unwrap();
     a.write_at(0, &[1u8; 8192]).unwrap();
@@ -47,6 +56,35 @@ fn every_open_file_sees_a_writeback_error_exactly_once() {
     assert_eq!(eio(a.fsync()), libc::EIO);
     assert_eq!(eio(b.fsync()), libc::EIO);
     assert_eq!(eio(b.fsync()), 0);
+}
+
+/// A small fsync journals its data (the default): it returns once the commit holding
+/// the data is durable. If the data's home write then fails, the journal holds the
+/// only good copy and must not be forgotten: the journal stops (jbd2 aborts on a
+/// failed checkpoint write), every open file of the inode is told, and from then on
+/// every fsync fails and every change is refused, as on an ext4 whose journal aborted.
+#[test]
+fn a_failed_home_write_of_journaled_data_stops_the_journal_and_reaches_every_open_file() {
+    let (q, v) = fresh("sim:ssd,size=64M", quiet());
+    let a = v.create("/f").unwrap();
+    let b = v.open("/f", &OpenOptions::read_write()).unwrap();
+    a.write_at(0, &[1u8; 8192]).unwrap();
+    fail_data_writes(&q, &v);
+    assert_eq!(eio(a.fsync()), 0, "the data was durable in the journal");
+    assert_eq!(v.journal_stats().data_fsyncs, 1);
+    // A checkpoint sends the data home first; that write fails.
+    assert!(v.checkpoint().is_err());
+    assert_eq!(eio(a.fsync()), libc::EIO);
+    assert_eq!(eio(b.fsync()), libc::EIO, "b is told too");
+    assert_eq!(eio(a.fsync()), libc::EIO, "the journal stays stopped");
+    assert_eq!(v.create("/after").err().unwrap().errno(), libc::EROFS);
+    let mut back = vec![0u8; 8192];
+    assert_eq!(
+        a.read_at(0, &mut back).unwrap(),
+        8192,
+        "reads are still served"
+    );
+    assert!(back.iter().all(|&x| x == 1));
 }
 
 #[test]
@@ -236,7 +274,7 @@ fn an_eio_during_the_shared_commit_reaches_every_waiter() {
 
 #[test]
 fn fdatasync_skips_a_commit_for_timestamps_only() {
-    let (q, v) = fresh("sim:ssd,size=64M", quiet());
+    let (q, v) = fresh("sim:ssd,size=64M", ordered());
     let f = v.create("/f").unwrap();
     f.write_at(0, &[1u8; 8192]).unwrap();
     f.fsync().unwrap();

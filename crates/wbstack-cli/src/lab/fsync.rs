@@ -16,7 +16,7 @@ pub struct FsyncArm {
     /// fs_mark's -S: "0", "1" or "A".
     pub sync: String,
     pub threads: usize,
-    /// The mount's journal_data_kb (0: ordered data, the default).
+    /// The mount's journal_data_kb (0: ordered data; the lab states it in every arm).
     pub journal_data_kb: u64,
     /// The mount's commit_flush=always: every commit flushes (the behaviour before
     /// commits flushed only when a write completed since the last flush).
