@@ -29,6 +29,24 @@ fn ordered() -> MountOptions {
     o
 }
 
+/// A volume with /f open twice (a writes 8 KiB of 1s, not yet written back), and from
+/// now on every write to the data area failing.
+fn two_opens_of_dirty_data_failing_home(
+    o: MountOptions,
+) -> (
+    Arc<RequestQueue>,
+    Volume,
+    wbstack::fs::File,
+    wbstack::fs::File,
+) {
+    let (q, v) = fresh("sim:ssd,size=64M", o);
+    let a = v.create("/f").unwrap();
+    let b = v.open("/f", &OpenOptions::read_write()).unwrap();
+    a.write_at(0, &[1u8; 8192]).unwrap();
+    fail_data_writes(&q, &v);
+    (q, v, a, b)
+}
+
 fn eio(r: Result<(), wbstack::fs::FsError>) -> i32 {
     match r {
         Ok(()) => 0,
@@ -38,11 +56,7 @@ fn eio(r: Result<(), wbstack::fs::FsError>) -> i32 {
 
 #[test]
 fn every_open_file_sees_a_writeback_error_exactly_once() {
-    let (q, v) = fresh("sim:ssd,size=64M", ordered());
-    let a = v.create("/f").unwrap();
-    let b = v.open("/f", &OpenOptions::read_write()).unwrap();
-    a.write_at(0, &[1u8; 8192]).unwrap();
-    fail_data_writes(&q, &v);
+    let (_q, v, a, b) = two_opens_of_dirty_data_failing_home(ordered());
     assert_eq!(eio(a.fsync()), libc::EIO);
     assert_eq!(eio(a.fsync()), 0, "reported once to a");
     assert_eq!(eio(b.fsync()), libc::EIO, "and once to b");
@@ -65,11 +79,7 @@ fn every_open_file_sees_a_writeback_error_exactly_once() {
 /// every fsync fails and every change is refused, as on an ext4 whose journal aborted.
 #[test]
 fn a_failed_home_write_of_journaled_data_stops_the_journal_and_reaches_every_open_file() {
-    let (q, v) = fresh("sim:ssd,size=64M", quiet());
-    let a = v.create("/f").unwrap();
-    let b = v.open("/f", &OpenOptions::read_write()).unwrap();
-    a.write_at(0, &[1u8; 8192]).unwrap();
-    fail_data_writes(&q, &v);
+    let (_q, v, a, b) = two_opens_of_dirty_data_failing_home(quiet());
     assert_eq!(eio(a.fsync()), 0, "the data was durable in the journal");
     assert_eq!(v.journal_stats().data_fsyncs, 1);
     // A checkpoint sends the data home first; that write fails.

@@ -659,6 +659,30 @@ impl RequestQueue {
         w.wait_one().1
     }
 
+    /// Write zeroes over `nr_sectors` from `sector` and wait (blkdev_issue_zeroout): in
+    /// bios of at most 4 MiB, a few in flight, so the buffers stay small however large
+    /// the range; each is split to the device's limits as any bio is.
+    pub fn write_zeroes_sync(self: &Arc<Self>, sector: u64, nr_sectors: u64) -> BlkResult {
+        const CHUNK_SECTORS: u64 = (4 << 20) / SECTOR_SIZE;
+        const IN_FLIGHT: usize = 4;
+        let w = BioWait::new();
+        let end = sector + nr_sectors;
+        let (mut next, mut in_flight) = (sector, 0usize);
+        while next < end || in_flight > 0 {
+            if next < end && in_flight < IN_FLIGHT {
+                let n = CHUNK_SECTORS.min(end - next);
+                let buf = IoBuf::zeroed((n * SECTOR_SIZE) as usize);
+                self.submit_bio(Bio::write(next, buf).with_end_io(w.clone()))?;
+                next += n;
+                in_flight += 1;
+            } else {
+                w.wait_one().1?;
+                in_flight -= 1;
+            }
+        }
+        Ok(())
+    }
+
     pub fn discard_sync(self: &Arc<Self>, sector: u64, nr_sectors: u32) -> BlkResult {
         let w = BioWait::new();
         self.submit_bio(Bio::discard(sector, nr_sectors).with_end_io(w.clone()))?;

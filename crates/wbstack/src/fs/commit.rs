@@ -269,7 +269,7 @@ impl Vol {
         j.avg_commit_ns = (took + 3 * j.avg_commit_ns) / 4;
         j.last_commit_ns = self.now();
         drop(j);
-        self.wake_journal(before + 1..=d.tid, d.gen.is_some());
+        self.wake_journal(Some(before + 1..=d.tid), d.gen.is_some());
         self.settle_async();
         let (tid, nrec, bytes, checkpoint) = (d.tid, d.nrec, d.bytes, ckpt.is_some());
         trace::emit(
@@ -296,7 +296,7 @@ impl Vol {
         j.barrier_done = gen;
         j.stats.flushes += 1;
         drop(j);
-        self.wake_journal(1..=0, true);
+        self.wake_journal(None, true);
         self.settle_async();
     }
 
@@ -646,27 +646,30 @@ impl Vol {
         self.jwaiter.kick();
     }
 
-    /// Wake the journal's waiters after transactions `tids` became durable and, with
-    /// `barrier`, a cache flush finished: fsync's waiters of those transactions, and
-    /// those whose transaction was durable already but who wait for a flush. The
-    /// waiters of the next transaction in flight sleep on.
-    pub(super) fn wake_journal(&self, tids: std::ops::RangeInclusive<u64>, barrier: bool) {
+    /// Wake the journal's waiters after transactions `durable` became durable (None:
+    /// none did) and, with `barrier`, a cache flush finished: fsync's waiters of those
+    /// transactions, and those whose transaction was durable already but who wait for
+    /// a flush. The waiters of the next transaction in flight sleep on.
+    pub(super) fn wake_journal(
+        &self,
+        durable: Option<std::ops::RangeInclusive<u64>>,
+        barrier: bool,
+    ) {
         self.jcv.notify_all();
         let mut woken = 0;
         if barrier {
             woken += self.barrier_cv.notify_all();
         }
-        let n = if tids.is_empty() {
-            0
-        } else {
-            tids.end() - tids.start() + 1
-        };
-        if n > TID_WAIT_SLOTS as u64 {
-            woken += self.tid_cv.iter().map(Condvar::notify_all).sum::<usize>();
-        } else {
-            for tid in tids {
-                woken += self.tid_cv[tid as usize % TID_WAIT_SLOTS].notify_all();
+        match durable {
+            Some(tids) if tids.end() - tids.start() >= TID_WAIT_SLOTS as u64 => {
+                woken += self.wake_every_tid();
             }
+            Some(tids) => {
+                for tid in tids {
+                    woken += self.tid_cv[tid as usize % TID_WAIT_SLOTS].notify_all();
+                }
+            }
+            None => {}
         }
         if woken > 0 {
             self.jn.lock().stats.sync_woken += woken as u64;
@@ -677,9 +680,12 @@ impl Vol {
     pub(super) fn wake_journal_all(&self) {
         self.jcv.notify_all();
         self.barrier_cv.notify_all();
-        for cv in &self.tid_cv {
-            cv.notify_all();
-        }
+        self.wake_every_tid();
+    }
+
+    /// Wake the fsync waiters of every transaction; how many were woken.
+    fn wake_every_tid(&self) -> usize {
+        self.tid_cv.iter().map(Condvar::notify_all).sum()
     }
 
     /// Complete the asynchronous flushes a commit (or a failure) has settled.

@@ -24,7 +24,7 @@ use super::format::{
 use super::meta::{ApplyMode, Meta, MetaError};
 use super::metatree;
 use super::volume::{Aops, JState, MountOptions, State, Vol, Volume};
-use crate::block::{Bio, BioFlags, BioWait, RequestQueue};
+use crate::block::{BioFlags, RequestQueue};
 use crate::buf::IoBuf;
 use crate::mm::PageCache;
 use crate::trace;
@@ -133,48 +133,24 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
         IoBuf::from_slice(&ckpt),
         BioFlags::META,
     )?;
-    if q.device().first_write_allocates() {
-        // Commits then overwrite: a journal write into a hole of a sparse image
-        // allocates in the host filesystem, and with FUA waits for the host's journal.
-        write_zeroes(q, sb.journal_start, sb.journal_blocks)?;
-    }
     // Whatever a previous filesystem left in slot B and the journal is recognised as
     // foreign by its fs_id anyway; clearing their first blocks keeps fsck's report clean.
     let zero = IoBuf::zeroed(BLOCK_SIZE);
     q.write_sync(sector(sb.checkpoint[1].0), zero.clone(), BioFlags::META)?;
-    q.write_sync(sector(sb.journal_start), zero, BioFlags::META)?;
+    if q.device().first_write_allocates() {
+        // The whole journal, so commits overwrite: a journal write into a hole of a
+        // sparse image allocates in the host filesystem, and with FUA waits for the
+        // host's journal.
+        q.write_zeroes_sync(sector(sb.journal_start), sector(sb.journal_blocks))?;
+    } else {
+        q.write_sync(sector(sb.journal_start), zero, BioFlags::META)?;
+    }
     let enc = sb.encode();
     for b in SB_BLOCKS {
         q.write_sync(sector(b), IoBuf::from_slice(&enc), BioFlags::META)?;
     }
     q.flush_sync()?;
     Ok(sb)
-}
-
-/// Write zeroes over `blocks` blocks from `start`, in requests of up to 4 MiB (the
-/// device's largest if smaller), a few in flight.
-fn write_zeroes(q: &Arc<RequestQueue>, start: u64, blocks: u64) -> FsResult<()> {
-    const CHUNK_BYTES: u64 = 4 << 20;
-    const IN_FLIGHT: usize = 4;
-    let max_bytes = q.geometry().max_hw_sectors as u64 * 512;
-    let chunk_blocks = (CHUNK_BYTES.min(max_bytes) / PAGE).max(1);
-    let wait = BioWait::new();
-    let (mut next, mut submitted, mut done) = (start, 0usize, 0usize);
-    let end = start + blocks;
-    while done < submitted || next < end {
-        if next < end && submitted - done < IN_FLIGHT {
-            let n = chunk_blocks.min(end - next);
-            let bio = Bio::write(sector(next), IoBuf::zeroed((n * PAGE) as usize))
-                .with_end_io(wait.clone());
-            q.submit_bio(bio)?;
-            next += n;
-            submitted += 1;
-        } else {
-            wait.wait_one().1?;
-            done += 1;
-        }
-    }
-    Ok(())
 }
 
 /// What loading an image found: the state after replay, and what was wrong on the way.
