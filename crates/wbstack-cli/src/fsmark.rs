@@ -457,12 +457,17 @@ pub fn run_with(
                 .map(|i| {
                     let fs = fs.clone();
                     let dir = dirs[i % dirs.len()].clone();
-                    s.spawn(move || thread_loop(o, &*fs, &dir, i, done))
+                    // Named, as the library's own threads are, so a profile
+                    // (perf report --sort comm) tells the workers from teardown.
+                    std::thread::Builder::new()
+                        .name(format!("fsmark-{i}"))
+                        .spawn_scoped(s, move || thread_loop(o, &*fs, &dir, i, done))
+                        .map_err(|e| format!("fsmark: cannot start a worker thread: {e}"))
                 })
                 .collect();
             hs.into_iter()
                 .map(|h| {
-                    h.join()
+                    h?.join()
                         .unwrap_or_else(|_| Err("fsmark: a worker thread panicked".into()))
                 })
                 .collect()
