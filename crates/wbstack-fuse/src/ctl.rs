@@ -127,6 +127,14 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
         ("journal_bytes", j.bytes),
         ("journal_sync_waits", j.sync_waits),
         ("journal_sync_woken", j.sync_woken),
+        (
+            "journal_checkpoint_close_ms_total",
+            j.checkpoint_close_ns / 1_000_000,
+        ),
+        (
+            "journal_checkpoint_close_ms_max",
+            j.checkpoint_close_max_ns / 1_000_000,
+        ),
         ("inode_cache_cached", ic.cached),
         ("inode_cache_live", ic.live),
         ("inode_cache_evicted", ic.evicted),

@@ -374,7 +374,17 @@ impl Vol {
             if st.aborted.is_some() {
                 return;
             }
-            st.restate();
+            let close_t0 = self.now();
+            // Decided before restating: a checkpoint's transaction needs no restated
+            // records, and the bound covers the ones a journal write carries.
+            let restated_max = Txn::len_of_body(st.txn_bytes + st.restate_max_bytes());
+            let ckpt =
+                force_ckpt || head + restated_max as u64 / PAGE > jblocks * 3 / 4 || st.meta_full();
+            if ckpt {
+                st.restate_for_checkpoint();
+            } else {
+                st.restate();
+            }
             self.prune_meta(&mut st);
             let records = std::mem::take(&mut st.txn);
             st.txn_bytes = 0;
@@ -393,8 +403,11 @@ impl Vol {
                 tid,
                 records,
             };
-            let blocks = txn.encoded_len() as u64 / PAGE;
-            let ckpt = force_ckpt || head + blocks > jblocks * 3 / 4 || st.meta_full();
+            debug_assert!(
+                ckpt || txn.encoded_len() <= restated_max,
+                "transaction {tid} outgrew its bound ({} > {restated_max} bytes)",
+                txn.encoded_len()
+            );
             // Journaled data waiting for its home write goes now when the journal is
             // about to start over, when this transaction frees blocks (released below
             // once every home write up to it completed), or when enough has gathered
@@ -433,6 +446,12 @@ impl Vol {
             } else {
                 (Payload::Txn(txn), None)
             };
+            if ckpt {
+                let held_ns = self.now().saturating_sub(close_t0);
+                let mut j = self.jn.lock();
+                j.stats.checkpoint_close_ns += held_ns;
+                j.stats.checkpoint_close_max_ns = j.stats.checkpoint_close_max_ns.max(held_ns);
+            }
             (tid, payload, nrec, home, covered)
         };
         drop(covered);

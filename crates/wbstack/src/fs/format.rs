@@ -695,7 +695,11 @@ impl Txn {
     /// The length `encode` gives (whole blocks), without encoding: the committer
     /// decides where the transaction goes under `st` and encodes it after.
     pub fn encoded_len(&self) -> usize {
-        let body_len: usize = self.records.iter().map(Record::encoded_len).sum();
+        Txn::len_of_body(self.records.iter().map(Record::encoded_len).sum())
+    }
+
+    /// The length of a transaction whose records encode to `body_len` bytes.
+    pub fn len_of_body(body_len: usize) -> usize {
         (TXN_HEADER + body_len + 4).next_multiple_of(BLOCK_SIZE)
     }
 
@@ -704,7 +708,7 @@ impl Txn {
         // One buffer of the exact size: a big transaction is tens of MiB, and growing
         // (or copying a separate body) doubled its peak memory.
         let body_len: usize = self.records.iter().map(Record::encoded_len).sum();
-        let len = (TXN_HEADER + body_len + 4).next_multiple_of(BLOCK_SIZE);
+        let len = Txn::len_of_body(body_len);
         let mut w = Writer(Vec::with_capacity(len));
         w.u32(TXN_MAGIC)
             .u64(self.fs_id)
