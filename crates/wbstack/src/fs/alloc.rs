@@ -468,10 +468,13 @@ impl Allocator {
 
     /// `(total, free, available)` blocks for statfs (`f_blocks`, `f_bfree`, `f_bavail`).
     /// Deferred blocks count as neither free nor available: they cannot be used yet.
+    /// Reserved ones (delayed allocation) count as used, as ext4's dirty clusters do:
+    /// else df showed data written to the cache as neither used nor available until
+    /// its writeback, up to dirty_expire later.
     pub fn statfs(&self) -> (u64, u64, u64) {
         (
             self.space.total_blocks(),
-            self.space.free_blocks(),
+            self.unreserved(),
             self.available(),
         )
     }
