@@ -300,7 +300,7 @@ fn typical_txn() -> Txn {
     Txn {
         fs_id: 0x1234_5678_9abc_def0,
         tid: 42,
-        records,
+        records: records.into(),
     }
 }
 

@@ -87,8 +87,28 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
 
     #[test]
+    fn records_keep_their_order_across_chunks(records in prop::collection::vec(record(), 0..3000), bump in any::<u64>()) {
+        let mut log = Records::new();
+        for (k, r) in records.iter().enumerate() {
+            log.push(r.clone());
+            prop_assert_eq!(log.len(), k + 1);
+            prop_assert_eq!(log.last_mut().map(|l| &*l), Some(r));
+        }
+        prop_assert_eq!(log.iter().cloned().collect::<Vec<_>>(), records.clone());
+        prop_assert_eq!((&log).into_iter().count(), records.len());
+        // Chunking is invisible: built at once, equal; a change through last_mut is
+        // the last record's.
+        prop_assert_eq!(&log, &Records::from(records.clone()));
+        if let Some(Record::SetSize { size, .. }) = log.last_mut() {
+            *size ^= bump | 1;
+            prop_assert_ne!(&log, &Records::from(records.clone()));
+        }
+        prop_assert_eq!(log.is_empty(), records.is_empty());
+    }
+
+    #[test]
     fn transactions_round_trip(fs_id in any::<u64>(), tid in any::<u64>(), records in prop::collection::vec(record(), 0..50)) {
-        let t = Txn { fs_id, tid, records };
+        let t = Txn { fs_id, tid, records: records.into() };
         let enc = t.encode();
         prop_assert_eq!(enc.len() % BLOCK_SIZE, 0);
         // The committer places a transaction by this length before it encodes it.
@@ -107,7 +127,7 @@ proptest! {
 
     #[test]
     fn any_single_bit_flip_in_a_transaction_is_caught(records in prop::collection::vec(record(), 1..10), bit in any::<prop::sample::Index>()) {
-        let t = Txn { fs_id: 7, tid: 3, records };
+        let t = Txn { fs_id: 7, tid: 3, records: records.into() };
         let mut enc = t.encode();
         let (_, used) = Txn::decode(&enc).unwrap();
         // Flip a bit in the meaningful part (header, records, checksum), not padding.
@@ -138,7 +158,7 @@ proptest! {
     fn parsers_never_panic_on_corrupted_valid_images(records in prop::collection::vec(record(), 1..10), flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8)) {
         // Start from valid encodings with forged checksums recomputed, so corruption
         // reaches the field decoders instead of stopping at the CRC.
-        let mut enc = Txn { fs_id: 1, tid: 1, records }.encode();
+        let mut enc = Txn { fs_id: 1, tid: 1, records: records.into() }.encode();
         let body_end = enc.iter().rposition(|&b| b != 0).unwrap_or(0) + 1;
         for (i, v) in &flips {
             let at = i.index(body_end.saturating_sub(4).max(1));
@@ -197,7 +217,7 @@ fn errors_say_what_is_wrong() {
     let t = Txn {
         fs_id: 1,
         tid: 5,
-        records: vec![Record::Orphan { ino: 3 }],
+        records: vec![Record::Orphan { ino: 3 }].into(),
     };
     assert_eq!(Txn::decode(&t.encode()).unwrap().0.fs_id, 1);
 }

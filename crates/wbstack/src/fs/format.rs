@@ -678,13 +678,94 @@ pub fn xattr_name(r: &mut Reader) -> Result<Vec<u8>, FormatError> {
     Ok(b.to_vec())
 }
 
+/// A transaction's records, in chunks of a fixed capacity: the running transaction
+/// grows to a quarter of the journal (hundreds of thousands of records) under `st`,
+/// and a `Vec` doubling there copied all of it into fresh memory while every namespace
+/// operation waited.
+#[derive(Clone, Debug, Default)]
+pub struct Records {
+    chunks: Vec<Vec<Record>>,
+    len: usize,
+}
+
+impl Records {
+    /// Records per chunk: 64 KiB or so, a few of the allocator's pages.
+    const CHUNK: usize = 1024;
+
+    pub fn new() -> Records {
+        Records::default()
+    }
+
+    pub fn push(&mut self, r: Record) {
+        match self.chunks.last_mut() {
+            Some(c) if c.len() < Self::CHUNK => c.push(r),
+            _ => {
+                let mut c = Vec::with_capacity(Self::CHUNK);
+                c.push(r);
+                self.chunks.push(c);
+            }
+        }
+        self.len += 1;
+    }
+
+    pub fn last_mut(&mut self) -> Option<&mut Record> {
+        self.chunks.last_mut().and_then(|c| c.last_mut())
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Record> + Clone {
+        self.chunks.iter().flatten()
+    }
+}
+
+impl PartialEq for Records {
+    /// The same records in the same order, however they are chunked.
+    fn eq(&self, other: &Records) -> bool {
+        self.len == other.len && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Records {}
+
+impl From<Vec<Record>> for Records {
+    fn from(v: Vec<Record>) -> Records {
+        v.into_iter().collect()
+    }
+}
+
+impl FromIterator<Record> for Records {
+    fn from_iter<I: IntoIterator<Item = Record>>(iter: I) -> Records {
+        let mut r = Records::new();
+        for rec in iter {
+            r.push(rec);
+        }
+        r
+    }
+}
+
+impl<'a> IntoIterator for &'a Records {
+    type Item = &'a Record;
+    type IntoIter = std::iter::Flatten<std::slice::Iter<'a, Vec<Record>>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.chunks.iter().flatten()
+    }
+}
+
 /// One journal transaction: header, records, and a CRC over both. A transaction that
 /// fails its checksum or is cut short is the end of the valid journal (a crash tore it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Txn {
     pub fs_id: u64,
     pub tid: u64,
-    pub records: Vec<Record>,
+    pub records: Records,
 }
 
 /// Bytes of a transaction's header: magic, fs_id, tid, record count, body length (the
@@ -790,7 +871,7 @@ impl Txn {
                 "transaction {tid} claims {n} records in {body_len} bytes"
             )));
         }
-        let mut records = Vec::with_capacity(n);
+        let mut records = Records::new();
         for _ in 0..n {
             records.push(Record::decode(&mut br)?);
         }

@@ -26,8 +26,8 @@
 
 use super::dir::DirPageEntry;
 use super::format::{
-    crc, Checkpoint, Record, Superblock, Txn, BLOCK_SIZE, CKPT_HEADER, SB_BLOCKS, SB_FIELDS,
-    TXN_HEADER,
+    crc, Checkpoint, Record, Records, Superblock, Txn, BLOCK_SIZE, CKPT_HEADER, SB_BLOCKS,
+    SB_FIELDS, TXN_HEADER,
 };
 use super::fsck::fsck;
 use super::meta::{ApplyMode, Meta, ROOT_INO};
@@ -166,7 +166,7 @@ fn txn_props(buf: &[u8]) -> Outcome {
 /// Apply each record to a fresh filesystem as replay would (a record that does not
 /// apply changes nothing and is skipped); whatever state results must encode to a
 /// checkpoint image that decodes to it, or a checkpoint after replay would lose it.
-fn replay_records(records: &[Record]) {
+fn replay_records(records: &Records) {
     let mut m = Meta::mkfs(SEED_DATA_START, SEED_BLOCKS, 0, SEED_NAME_SEED);
     let applied = records
         .iter()

@@ -18,8 +18,8 @@
 use super::checkpoint::{alloc_nodes, meta_reserve, root_image, root_record, MetaTree};
 use super::error::{FsError, FsResult};
 use super::format::{
-    Checkpoint, FormatError, Record, Superblock, Txn, BLOCK_SIZE, DEFAULT_VERSION, LAZY_VERSION,
-    SB_BLOCKS, TREE_VERSION, WHOLE_VERSION,
+    Checkpoint, FormatError, Record, Records, Superblock, Txn, BLOCK_SIZE, DEFAULT_VERSION,
+    LAZY_VERSION, SB_BLOCKS, TREE_VERSION, WHOLE_VERSION,
 };
 use super::meta::{ApplyMode, Meta, MetaError};
 use super::metatree;
@@ -736,7 +736,7 @@ impl Volume {
             st: Mutex::new(State {
                 meta: l.meta,
                 running_tid: l.last_tid + 1,
-                txn: Vec::new(),
+                txn: Records::new(),
                 txn_inodes: BTreeSet::new(),
                 txn_first_ns: None,
                 txn_bytes: 0,

@@ -16,7 +16,7 @@
 //! (a late write must not land in a block someone else owns).
 
 use super::error::{FsError, FsResult};
-use super::format::{InodeKind, Record, Superblock, BLOCK_SIZE};
+use super::format::{InodeKind, Record, Records, Superblock, BLOCK_SIZE};
 use super::meta::{valid_name, ApplyMode, Inode, Meta, NAME_MAX, ROOT_INO, TARGET_MAX};
 use crate::block::{BlkError, BlkResult, RequestQueue};
 use crate::clock::ClockRef;
@@ -545,7 +545,7 @@ pub(super) struct State {
     pub meta: Meta,
     pub running_tid: u64,
     /// The running transaction's records, applied already.
-    pub txn: Vec<Record>,
+    pub txn: Records,
     /// Inodes whose attributes or size changed in the running transaction: restated as
     /// SetAttr/SetSize records when it commits (one each, however many writes).
     pub txn_inodes: BTreeSet<u64>,
