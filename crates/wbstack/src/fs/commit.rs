@@ -82,9 +82,9 @@ enum Payload {
 enum CheckpointPayload {
     /// The whole metadata image (formats before the tree).
     Image(Vec<u8>),
-    /// The changed keys' values, taken under `st`; their tree operations are built
-    /// without it.
-    Tree(metatree::Captured),
+    /// The changed keys' values, taken under `st` (or None: being taken copy-on-write,
+    /// `fs::cowcapture`); their tree operations are built without it.
+    Tree(Option<metatree::Captured>),
 }
 
 impl Vol {
@@ -432,9 +432,9 @@ impl Vol {
                 if self.sb.version >= TREE_VERSION {
                     let changes = st.meta.take_changes();
                     (
-                        Payload::Checkpoint(CheckpointPayload::Tree(metatree::capture(
-                            &st.meta, changes,
-                        ))),
+                        Payload::Checkpoint(CheckpointPayload::Tree(
+                            st.meta.begin_capture(changes),
+                        )),
                         covered,
                     )
                 } else {
@@ -530,6 +530,7 @@ impl Vol {
         // the transactions they carry are committed before this one.
         self.finish_commits(0);
         if self.jn.lock().error.is_some() {
+            drop(self.st.lock().meta.take_capture());
             return;
         }
         let (res, bytes, new_slot) = match checkpoint {
@@ -596,14 +597,19 @@ impl Vol {
     /// Steps 2 to 4 of a checkpoint (`fs::checkpoint`); returns the bytes written.
     fn write_checkpoint(
         &self,
-        mut changes: metatree::Captured,
+        changes: Option<metatree::Captured>,
         tid: u64,
         slot: usize,
         seq: u64,
         flags: BioFlags,
     ) -> FsResult<u64> {
-        // Lock order: the tree, then `st` (taken only for the nodes' blocks).
+        // Lock order: the tree, then `st` (taken for a batch of the capture and for the
+        // nodes' blocks).
         let mut guard = self.tree.lock();
+        let mut changes = match changes {
+            Some(c) => c,
+            None => self.finish_capture()?,
+        };
         let Some(mt) = guard.as_mut() else {
             return Err(FsError::Corrupt("a tree checkpoint without a tree".into()));
         };
@@ -623,9 +629,29 @@ impl Vol {
         Ok(w.bytes + enc.len() as u64)
     }
 
+    /// Copy out the rest of a checkpoint's capture (`fs::cowcapture`), a batch per
+    /// hold of `st`, while operations go on.
+    fn finish_capture(&self) -> FsResult<metatree::Captured> {
+        loop {
+            let mut st = self.st.lock();
+            if st.meta.capture_step(super::cowcapture::CAPTURE_BATCH) {
+                return st
+                    .meta
+                    .take_capture()
+                    .map(|p| p.finish())
+                    .ok_or_else(|| FsError::Corrupt("a checkpoint's capture was given up".into()));
+            }
+        }
+    }
+
     pub(super) fn abort(&self, why: String) {
         self.sb_err.set(libc::EIO);
-        self.st.lock().aborted = Some(why.clone());
+        {
+            let mut st = self.st.lock();
+            st.aborted = Some(why.clone());
+            // A checkpoint copying out its changes will not be written.
+            drop(st.meta.take_capture());
+        }
         self.jn.lock().error = Some(why);
         self.wake_journal_all();
         self.settle_async();

@@ -20,6 +20,7 @@
 //! its parent and its subdirectory count (format 5 records them in its inode record);
 //! only the root stays.
 
+use super::cowcapture::PendingCapture;
 use super::error::FsError;
 use super::meta::{Inode, MetaError, ROOT_INO};
 use std::cell::RefCell;
@@ -108,6 +109,9 @@ pub struct Inodes {
     /// inodes in memory). Until a checkpoint makes more clean or a batch more came in,
     /// another pass would meet the same inodes it kept.
     rest: (u64, usize),
+    /// The closed generation a checkpoint is copying out (`fs::cowcapture`): its
+    /// inodes are copied before their first change.
+    pending: Option<Box<PendingCapture>>,
 }
 
 impl Clone for Inodes {
@@ -125,6 +129,8 @@ impl Clone for Inodes {
             faults: self.faults,
             evictions: self.evictions,
             rest: self.rest,
+            // A copy is no checkpoint's source.
+            pending: None,
         }
     }
 }
@@ -155,6 +161,7 @@ impl Inodes {
             faults: 0,
             evictions: 0,
             rest: (0, 0),
+            pending: None,
         }
     }
 
@@ -295,9 +302,53 @@ impl Inodes {
     /// Stamp `ino` with the running generation (a tree-backed cache only: elsewhere
     /// nothing is dropped, and nothing needs to know).
     pub fn note_changed(&mut self, ino: u64) {
-        if self.source.is_some() && self.changed.insert(ino, self.gen) != Some(self.gen) {
+        if self.source.is_none() {
+            return;
+        }
+        let before = self.changed.insert(ino, self.gen);
+        if before != Some(self.gen) {
             self.open_changed += 1;
         }
+        // Before the change is made (every `&mut` to an inode comes through here):
+        // a checkpoint copying out the closed generation takes this inode as it is.
+        if let Some(p) = self.pending.as_deref_mut() {
+            if before == Some(p.gen()) {
+                p.before_change(ino, self.map.get(&ino).map(|b| &**b));
+            }
+        }
+    }
+
+    /// A checkpoint copies out the generation just closed (`fs::cowcapture`).
+    pub fn begin_capture(&mut self, p: PendingCapture) {
+        debug_assert!(self.pending.is_none(), "two captures at once");
+        debug_assert!(
+            self.source.is_some(),
+            "a copy-on-write capture without stamps"
+        );
+        debug_assert_eq!(
+            p.gen() + 1,
+            self.gen,
+            "a capture of a generation still open"
+        );
+        self.pending = Some(Box::new(p));
+    }
+
+    /// Copy up to `max` more of the pending capture's inodes; true once all are.
+    pub fn capture_step(&mut self, max: usize) -> bool {
+        let Some(p) = self.pending.as_deref_mut() else {
+            return true;
+        };
+        let (changed, map) = (&self.changed, &self.map);
+        p.step(
+            max,
+            |ino| changed.get(&ino).copied(),
+            |ino| map.get(&ino).map(|b| &**b),
+        )
+    }
+
+    /// The pending capture, done or given up (a failed volume).
+    pub fn take_capture(&mut self) -> Option<PendingCapture> {
+        self.pending.take().map(|b| *b)
     }
 
     /// Inodes changed since the last checkpoint took its changes (none unless lazy):

@@ -924,6 +924,8 @@ impl Vol {
             if st.aborted.is_none() {
                 st.aborted = Some(why.to_string());
             }
+            // A checkpoint copying out its changes will not be written.
+            drop(st.meta.take_capture());
         }
         self.wake_journal_all();
         self.settle_async();

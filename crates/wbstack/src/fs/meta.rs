@@ -546,6 +546,28 @@ impl Meta {
         self.changes = on.then(Box::default);
     }
 
+    /// Start copying out `changes` (just taken) by copy on write (`fs::cowcapture`);
+    /// a volume whose inodes are not a cache (nothing stamps their changes) captures
+    /// them at once instead (`metatree::capture`).
+    pub fn begin_capture(&mut self, changes: Changes) -> Option<super::metatree::Captured> {
+        if !self.inodes.is_lazy() {
+            return Some(super::metatree::capture(self, changes));
+        }
+        let p = super::cowcapture::PendingCapture::new(self, changes);
+        self.inodes.begin_capture(p);
+        None
+    }
+
+    /// `Inodes::capture_step`.
+    pub fn capture_step(&mut self, max: usize) -> bool {
+        self.inodes.capture_step(max)
+    }
+
+    /// `Inodes::take_capture`.
+    pub fn take_capture(&mut self) -> Option<super::cowcapture::PendingCapture> {
+        self.inodes.take_capture()
+    }
+
     /// The keys changed since the last call (or since tracking began), as a generation
     /// of their own.
     pub fn take_changes(&mut self) -> Changes {

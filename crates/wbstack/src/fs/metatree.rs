@@ -184,7 +184,7 @@ const CORE_BYTES_V4: usize = 1 + 4 * 4 + 8 * 4 + 4;
 
 /// A changed piece of metadata and its value now (none: it is gone).
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
-struct Now<K, V> {
+pub(super) struct Now<K, V> {
     key: K,
     value: Option<V>,
 }
@@ -206,8 +206,9 @@ struct XattrAt {
 
 /// The current values of the changed keys, copied out of the metadata: the part of
 /// making a checkpoint's tree operations that needs the metadata as of the
-/// checkpoint, and so holds `st`. The keys and their sorting are built after
-/// (`Captured::ops`), while creates go on.
+/// checkpoint, and so holds `st` (or is taken copy-on-write: `fs::cowcapture`). The
+/// keys and their sorting are built after (`Captured::ops`), while creates go on.
+#[derive(PartialEq, Eq)]
 pub struct Captured {
     /// The inode cache's generation (`Changes::gen`).
     pub gen: u64,
@@ -227,93 +228,129 @@ pub struct Captured {
 
 /// The values now of the keys `ch` names.
 pub fn capture(meta: &Meta, mut ch: Changes) -> Captured {
-    let seed = meta.name_seed;
-    // Repeats dropped first (an inode is noted by most records about it); sorting
-    // numbers is cheap next to a lookup each.
-    for v in [
-        &mut ch.deleted,
-        &mut ch.inodes,
-        &mut ch.targets,
-        &mut ch.orphans,
-    ] {
-        settle(v);
-    }
-    settle(&mut ch.extents);
-    settle(&mut ch.xattrs);
-    // Every changed inode is in memory (`fs::inodes`), or deleted: none is read back.
-    let live = |ino: u64| {
+    let mut out = Captured::start(meta, &mut ch);
+    for ino in changed_inodes(&ch) {
+        // Every changed inode is in memory (`fs::inodes`), or deleted: none is read back.
         let i = meta.resident(ino);
         debug_assert!(
             i.is_some() || !meta.is_lazy() || meta.is_changed(ino),
             "inode {ino} has a change to write but left memory"
         );
-        i
-    };
-    Captured {
-        gen: ch.gen,
-        space: meta.space_record(),
-        next_ino: meta.next_ino,
-        deleted: ch.deleted,
-        inodes: ch
-            .inodes
-            .into_iter()
-            .map(|ino| Now {
+        out.take_inode(&ch, meta.name_seed, ino, i);
+    }
+    out
+}
+
+/// Every inode `ch` (settled) names a key of, sorted: the units a capture copies.
+pub(super) fn changed_inodes(ch: &Changes) -> Vec<u64> {
+    let mut v: Vec<u64> = ch
+        .inodes
+        .iter()
+        .copied()
+        .chain(ch.extents.iter().map(|e| e.0))
+        .chain(ch.dirents.iter().map(|d| d.0))
+        .chain(ch.targets.iter().copied())
+        .chain(ch.xattrs.iter().map(|x| x.0))
+        .collect();
+    // Runs of sorted numbers: the sort merges them in near linear time.
+    settle(&mut v);
+    v
+}
+
+/// The entries of a settled (sorted) list that belong to inode `ino`.
+fn of_inode<T>(v: &[T], ino: u64, key: impl Fn(&T) -> u64) -> &[T] {
+    let lo = v.partition_point(|e| key(e) < ino);
+    let hi = lo + v[lo..].partition_point(|e| key(e) == ino);
+    &v[lo..hi]
+}
+
+impl Captured {
+    /// A capture of `ch`, settled here (repeats dropped, each kind sorted), holding
+    /// so far what belongs to no inode: the filesystem record, the free space, the
+    /// deletions and the orphans. Each inode's keys come with `take_inode`.
+    pub(super) fn start(meta: &Meta, ch: &mut Changes) -> Captured {
+        // Repeats dropped first (an inode is noted by most records about it); sorting
+        // numbers is cheap next to a lookup each.
+        for v in [
+            &mut ch.deleted,
+            &mut ch.inodes,
+            &mut ch.targets,
+            &mut ch.orphans,
+        ] {
+            settle(v);
+        }
+        settle(&mut ch.extents);
+        settle(&mut ch.xattrs);
+        // By directory only (numbers, not names, compared): `take_inode` finds a
+        // directory's entries, and `into_chunks` sorts and drops repeats after `st`.
+        ch.dirents.sort_unstable_by_key(|d| d.0);
+        Captured {
+            gen: ch.gen,
+            space: meta.space_record(),
+            next_ino: meta.next_ino,
+            deleted: std::mem::take(&mut ch.deleted),
+            inodes: Vec::new(),
+            extents: Vec::new(),
+            dirents: Vec::new(),
+            targets: Vec::new(),
+            xattrs: Vec::new(),
+            orphans: std::mem::take(&mut ch.orphans)
+                .into_iter()
+                .map(|ino| Now {
+                    key: ino,
+                    value: meta.orphans.contains(&ino).then_some(()),
+                })
+                .collect(),
+        }
+    }
+
+    /// Inode `ino`'s keys that `ch` (settled by `start`) names, as `i` holds them now
+    /// (none: deleted). Every key of one inode comes from one call.
+    pub(super) fn take_inode(&mut self, ch: &Changes, seed: u64, ino: u64, i: Option<&Inode>) {
+        if ch.inodes.binary_search(&ino).is_ok() {
+            self.inodes.push(Now {
                 key: ino,
-                value: live(ino).map(encode_core),
-            })
-            .collect(),
-        extents: ch
-            .extents
-            .into_iter()
-            .map(|(ino, fb)| Now {
+                value: i.map(encode_core),
+            });
+        }
+        for &(_, fb) in of_inode(&ch.extents, ino, |e| e.0) {
+            self.extents.push(Now {
                 key: (ino, fb),
-                value: live(ino).and_then(|i| i.extents.get(&fb).copied()),
-            })
-            .collect(),
-        dirents: ch
-            .dirents
-            .into_iter()
-            .map(|(dir, name)| {
-                let hash = name_hash(seed, &name);
-                let value = live(dir)
-                    .and_then(|d| d.entries.entry_at(hash, &name))
-                    .map(|(ino, kind)| Named { ino, kind });
-                Now {
-                    key: DirentAt { dir, hash, name },
-                    value,
-                }
-            })
-            .collect(),
-        targets: ch
-            .targets
-            .into_iter()
-            .map(|ino| Now {
+                value: i.and_then(|i| i.extents.get(&fb).copied()),
+            });
+        }
+        for (_, name) in of_inode(&ch.dirents, ino, |d| d.0) {
+            let hash = name_hash(seed, name);
+            let value = i
+                .and_then(|d| d.entries.entry_at(hash, name))
+                .map(|(ino, kind)| Named { ino, kind });
+            self.dirents.push(Now {
+                key: DirentAt {
+                    dir: ino,
+                    hash,
+                    name: name.clone(),
+                },
+                value,
+            });
+        }
+        if ch.targets.binary_search(&ino).is_ok() {
+            self.targets.push(Now {
                 key: ino,
                 // A symlink's target is empty only between its create and its SetTarget.
-                value: live(ino)
+                value: i
                     .filter(|i| i.kind == InodeKind::Symlink && !i.target.is_empty())
                     .map(|i| i.target.clone()),
-            })
-            .collect(),
-        xattrs: ch
-            .xattrs
-            .into_iter()
-            .map(|(ino, name)| {
-                let value = live(ino).and_then(|i| i.xattrs.get(&name)).cloned();
-                Now {
-                    key: XattrAt { ino, name },
-                    value,
-                }
-            })
-            .collect(),
-        orphans: ch
-            .orphans
-            .into_iter()
-            .map(|ino| Now {
-                key: ino,
-                value: meta.orphans.contains(&ino).then_some(()),
-            })
-            .collect(),
+            });
+        }
+        for (_, name) in of_inode(&ch.xattrs, ino, |x| x.0) {
+            self.xattrs.push(Now {
+                key: XattrAt {
+                    ino,
+                    name: name.clone(),
+                },
+                value: i.and_then(|i| i.xattrs.get(name)).cloned(),
+            });
+        }
     }
 }
 
@@ -342,26 +379,45 @@ impl Captured {
 
     /// The tree operations a chunk at a time (`OpChunks::next_chunk`), so a
     /// checkpoint holds one chunk of them, not every key and value at once.
-    pub fn into_chunks(mut self) -> OpChunks {
-        // Entries by directory, then hash (a comparison of two numbers mostly), then
-        // name: their key order. A name linked and unlinked again is noted twice.
-        self.dirents.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-        self.dirents.dedup_by(|a, b| a.key == b.key);
+    pub fn into_chunks(self) -> OpChunks {
+        let s = self.sorted();
         OpChunks {
             head: vec![TreeOp::Put(
                 vec![FS_RECORD],
-                self.next_ino.to_le_bytes().to_vec(),
+                s.next_ino.to_le_bytes().to_vec(),
             )],
-            deleted: self.deleted.into_iter(),
-            inodes: self.inodes.into_iter(),
-            extents: self.extents.into_iter(),
-            dirents: self.dirents.into_iter(),
-            targets: self.targets.into_iter(),
-            xattrs: self.xattrs.into_iter(),
-            orphans: self.orphans.into_iter(),
+            deleted: s.deleted.into_iter(),
+            inodes: s.inodes.into_iter(),
+            extents: s.extents.into_iter(),
+            dirents: s.dirents.into_iter(),
+            targets: s.targets.into_iter(),
+            xattrs: s.xattrs.into_iter(),
+            orphans: s.orphans.into_iter(),
             next: Default::default(),
             last: None,
         }
+    }
+
+    /// Each kind in key order, each key once.
+    pub(super) fn sorted(mut self) -> Captured {
+        // Entries by directory, then hash (a comparison of two numbers mostly), then
+        // name: their key order (a capture takes them by name). A copy-on-write capture
+        // (`fs::cowcapture`) takes inodes out of order: every kind is sorted, each key
+        // once (an inode's keys come from one `take_inode`).
+        self.dirents.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        // A name linked and unlinked again is noted twice, with one value.
+        self.dirents.dedup_by(|a, b| a.key == b.key);
+        self.inodes.sort_unstable_by_key(|n| n.key);
+        self.extents.sort_unstable_by_key(|n| n.key);
+        self.targets.sort_unstable_by_key(|n| n.key);
+        self.xattrs.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        debug_assert!(
+            self.dirents.windows(2).all(|w| w[0].key < w[1].key)
+                && self.inodes.windows(2).all(|w| w[0].key < w[1].key)
+                && self.extents.windows(2).all(|w| w[0].key < w[1].key),
+            "a key captured twice"
+        );
+        self
     }
 }
 

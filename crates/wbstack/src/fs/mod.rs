@@ -10,6 +10,7 @@
 //! - `lazylru`: the lazily kept LRU order both caches (inodes, tree nodes) share.
 //! - `icache`: the inode cache (mappings of files, evicted past a limit when at rest).
 //! - `metatree`: the metadata as keys of the B+tree (schema, incremental ops, load).
+//! - `cowcapture`: a checkpoint's capture by copy on write, without holding `st`.
 //! - `meta`: the durable metadata and the one `apply` that both live operations and
 //!   journal replay use; fsck's invariant checks.
 //! - `volume`: the mounted filesystem, namespace operations, delayed allocation.
@@ -23,6 +24,7 @@ pub mod alloc;
 pub mod btree;
 mod checkpoint;
 mod commit;
+mod cowcapture;
 pub mod dir;
 pub mod error;
 pub mod extents;
