@@ -127,9 +127,13 @@ impl Harness {
 #[derive(Clone, Debug)]
 enum Op {
     Insert(Vec<u8>, Vec<u8>),
+    /// Many at once, as a checkpoint's sorted puts (`Tree::insert_sorted`).
+    InsertSorted(Vec<(Vec<u8>, Vec<u8>)>),
     Remove(Vec<u8>),
     Range(Vec<u8>, Vec<u8>),
-    Write { reopen: bool },
+    Write {
+        reopen: bool,
+    },
     WriteBelow(Vec<u8>),
 }
 
@@ -141,6 +145,12 @@ fn key() -> impl Strategy<Value = Vec<u8>> {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (key(), prop::collection::vec(any::<u8>(), 0..40)).prop_map(|(k, v)| Op::Insert(k, v)),
+        2 => prop::collection::vec((key(), prop::collection::vec(any::<u8>(), 0..40)), 0..150)
+            .prop_map(|mut kvs| {
+                // Sorted, repeats kept: the later value wins, as one insert after another.
+                kvs.sort_by(|a, b| a.0.cmp(&b.0));
+                Op::InsertSorted(kvs)
+            }),
         3 => key().prop_map(Op::Remove),
         1 => (key(), key()).prop_map(|(a, b)| Op::Range(a, b)),
         1 => any::<bool>().prop_map(|reopen| Op::Write { reopen }),
@@ -162,6 +172,11 @@ proptest! {
                 }
                 Op::Remove(k) => {
                     prop_assert_eq!(h.tree.remove(&h.store, &k).unwrap(), model.remove(&k));
+                }
+                Op::InsertSorted(kvs) => {
+                    let refs: Vec<(&[u8], &[u8])> = kvs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+                    h.tree.insert_sorted(&h.store, &refs).unwrap();
+                    model.extend(kvs);
                 }
                 Op::Range(a, b) => {
                     let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
@@ -476,4 +491,58 @@ fn a_batch_of_changes_reads_its_leaves_ahead_together() {
     for k in &refs {
         assert_eq!(t.get(&cold, k).unwrap(), Some(b"new".to_vec()));
     }
+}
+
+#[test]
+fn one_sorted_batch_grows_a_tree_of_several_levels_at_once() {
+    // Into an empty tree of small nodes: the root leaf splits into many parts, and the
+    // level above them into several again.
+    let mut h = Harness::new();
+    let kvs: Vec<(Vec<u8>, Vec<u8>)> = (0u32..5000)
+        .map(|i| (i.to_be_bytes().to_vec(), vec![i as u8; (i % 23) as usize]))
+        .collect();
+    let refs: Vec<(&[u8], &[u8])> = kvs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    h.tree.insert_sorted(&h.store, &refs).unwrap();
+    h.write(true);
+    let nodes = h.tree.check(&h.store).unwrap().len();
+    assert!(
+        nodes > 100,
+        "{nodes} nodes for 5000 entries of 512-byte nodes"
+    );
+    assert_eq!(
+        h.tree
+            .range(&h.store, Bound::Unbounded, Bound::Unbounded)
+            .unwrap(),
+        kvs
+    );
+    // And a second batch interleaved with the first, overwriting some.
+    let more: Vec<(Vec<u8>, Vec<u8>)> = (0u32..5000)
+        .step_by(7)
+        .map(|i| (i.to_be_bytes().to_vec(), b"new".to_vec()))
+        .chain((0u32..300).map(|i| {
+            (
+                (i * 17)
+                    .to_be_bytes()
+                    .iter()
+                    .chain(&[1u8])
+                    .copied()
+                    .collect(),
+                vec![2],
+            )
+        }))
+        .collect::<BTreeMap<_, _>>()
+        .into_iter()
+        .collect();
+    let refs: Vec<(&[u8], &[u8])> = more.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    h.tree.insert_sorted(&h.store, &refs).unwrap();
+    h.write(true);
+    h.tree.check(&h.store).unwrap();
+    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = kvs.into_iter().collect();
+    model.extend(more);
+    assert_eq!(
+        h.tree
+            .range(&h.store, Bound::Unbounded, Bound::Unbounded)
+            .unwrap(),
+        model.into_iter().collect::<Vec<_>>()
+    );
 }

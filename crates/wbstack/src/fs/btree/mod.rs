@@ -275,6 +275,64 @@ impl Tree {
         Ok(old)
     }
 
+    /// Set each key to its value; `kvs` sorted by key. One descent per node the keys
+    /// land under, not one per key: a checkpoint's puts come sorted, hundreds to a
+    /// leaf, and their descents from the root were most of its CPU.
+    pub fn insert_sorted(
+        &mut self,
+        store: &dyn NodeStore,
+        kvs: &[(&[u8], &[u8])],
+    ) -> TreeResult<()> {
+        debug_assert!(kvs.windows(2).all(|w| w[0].0 <= w[1].0), "unsorted puts");
+        let max = max_entry(self.node_size);
+        for (key, value) in kvs {
+            if key.is_empty() {
+                return Err(TreeError::EmptyKey);
+            }
+            if key.len() + value.len() > max {
+                return Err(TreeError::TooBig {
+                    len: key.len() + value.len(),
+                    max,
+                });
+            }
+        }
+        if kvs.is_empty() {
+            return Ok(());
+        }
+        let cx = self.cx(store);
+        let root = self.root.get_or_insert_with(|| {
+            Link::Dirty(Box::new(Node {
+                level: 0,
+                entries: Entries::Leaf(Leaf::new()),
+            }))
+        });
+        let mut parts = insert_sorted_in(&cx, &mut self.freed, root, self.level, kvs)?;
+        // The root split (into several, maybe): a level above, itself split until it
+        // fits.
+        while !parts.is_empty() {
+            if self.level >= MAX_LEVEL {
+                return Err(
+                    FormatError::Corrupt("the tree grew past its most levels".into()).into(),
+                );
+            }
+            let left = self.root.take().expect("the root just split");
+            self.level += 1;
+            let mut e = vec![(Vec::new(), left)];
+            e.extend(
+                parts
+                    .into_iter()
+                    .map(|(sep, n)| (sep, Link::Dirty(Box::new(n)))),
+            );
+            let mut root = Node {
+                level: self.level,
+                entries: Entries::Inner(e),
+            };
+            parts = split_to_fit(&mut root, self.node_size);
+            self.root = Some(Link::Dirty(Box::new(root)));
+        }
+        Ok(())
+    }
+
     /// Remove `key`; returns its value. A key that is not there changes nothing (no node
     /// is made dirty).
     pub fn remove(&mut self, store: &dyn NodeStore, key: &[u8]) -> TreeResult<Option<Vec<u8>>> {
@@ -559,6 +617,75 @@ fn insert_in(
     };
     let split = (node.encoded_len() > cx.node_size).then(|| split_node(node));
     Ok((old, split))
+}
+
+/// `insert_sorted` below `link`: the node takes its keys (each child those from its
+/// separator on), then splits until it fits; returns the nodes split off after it,
+/// with their first keys, in order.
+fn insert_sorted_in(
+    cx: &Cx,
+    freed: &mut Vec<u64>,
+    link: &mut Link,
+    level: u8,
+    kvs: &[(&[u8], &[u8])],
+) -> TreeResult<Vec<(Vec<u8>, Node)>> {
+    let node = dirty(cx, freed, link, level)?;
+    match &mut node.entries {
+        Entries::Leaf(e) => {
+            for &(key, value) in kvs {
+                match e.search(key) {
+                    Ok(i) => drop(e.set_value(i, value)),
+                    Err(i) => e.insert(i, key, value),
+                }
+            }
+        }
+        Entries::Inner(e) => {
+            // Child i holds the keys from its separator (none for the first) to the
+            // next one's, as `child_index` finds them.
+            let mut grown: Vec<(usize, Vec<(Vec<u8>, Node)>)> = Vec::new();
+            let mut from = 0;
+            for i in 0..e.len() {
+                let to = match e.get(i + 1) {
+                    Some((sep, _)) => {
+                        from + kvs[from..].partition_point(|kv| kv.0 < sep.as_slice())
+                    }
+                    None => kvs.len(),
+                };
+                if to > from {
+                    let parts =
+                        insert_sorted_in(cx, freed, &mut e[i].1, level - 1, &kvs[from..to])?;
+                    if !parts.is_empty() {
+                        grown.push((i, parts));
+                    }
+                }
+                from = to;
+            }
+            // From the back, so the places of the children before stay put.
+            for (i, parts) in grown.into_iter().rev() {
+                e.splice(
+                    i + 1..i + 1,
+                    parts
+                        .into_iter()
+                        .map(|(sep, n)| (sep, Link::Dirty(Box::new(n)))),
+                );
+            }
+        }
+    }
+    Ok(split_to_fit(node, cx.node_size))
+}
+
+/// Split `node` until every part fits in a node: `node` keeps the first part, the
+/// others come back with their first keys, in key order.
+fn split_to_fit(node: &mut Node, node_size: usize) -> Vec<(Vec<u8>, Node)> {
+    if node.encoded_len() <= node_size {
+        return Vec::new();
+    }
+    let (sep, mut right) = split_node(node);
+    let mut out = split_to_fit(node, node_size);
+    let rest = split_to_fit(&mut right, node_size);
+    out.push((sep, right));
+    out.extend(rest);
+    out
 }
 
 /// Split `node` in two of about equal bytes; returns the right half and its first key.
