@@ -318,11 +318,7 @@ impl Tree {
             let left = self.root.take().expect("the root just split");
             self.level += 1;
             let mut e = vec![(Vec::new(), left)];
-            e.extend(
-                parts
-                    .into_iter()
-                    .map(|(sep, n)| (sep, Link::Dirty(Box::new(n)))),
-            );
+            e.extend(parts.into_iter().map(SplitOff::into_child));
             let mut root = Node {
                 level: self.level,
                 entries: Entries::Inner(e),
@@ -619,16 +615,28 @@ fn insert_in(
     Ok((old, split))
 }
 
+/// A node split off after another, with its first key (its separator in the parent).
+struct SplitOff {
+    first_key: Vec<u8>,
+    node: Node,
+}
+
+impl SplitOff {
+    fn into_child(self) -> (Vec<u8>, Link) {
+        (self.first_key, Link::Dirty(Box::new(self.node)))
+    }
+}
+
 /// `insert_sorted` below `link`: the node takes its keys (each child those from its
 /// separator on), then splits until it fits; returns the nodes split off after it,
-/// with their first keys, in order.
+/// in order.
 fn insert_sorted_in(
     cx: &Cx,
     freed: &mut Vec<u64>,
     link: &mut Link,
     level: u8,
     kvs: &[(&[u8], &[u8])],
-) -> TreeResult<Vec<(Vec<u8>, Node)>> {
+) -> TreeResult<Vec<SplitOff>> {
     let node = dirty(cx, freed, link, level)?;
     match &mut node.entries {
         Entries::Leaf(e) => {
@@ -642,7 +650,7 @@ fn insert_sorted_in(
         Entries::Inner(e) => {
             // Child i holds the keys from its separator (none for the first) to the
             // next one's, as `child_index` finds them.
-            let mut grown: Vec<(usize, Vec<(Vec<u8>, Node)>)> = Vec::new();
+            let mut grown: Vec<(usize, Vec<SplitOff>)> = Vec::new();
             let mut from = 0;
             for i in 0..e.len() {
                 let to = match e.get(i + 1) {
@@ -662,12 +670,7 @@ fn insert_sorted_in(
             }
             // From the back, so the places of the children before stay put.
             for (i, parts) in grown.into_iter().rev() {
-                e.splice(
-                    i + 1..i + 1,
-                    parts
-                        .into_iter()
-                        .map(|(sep, n)| (sep, Link::Dirty(Box::new(n)))),
-                );
+                e.splice(i + 1..i + 1, parts.into_iter().map(SplitOff::into_child));
             }
         }
     }
@@ -675,15 +678,18 @@ fn insert_sorted_in(
 }
 
 /// Split `node` until every part fits in a node: `node` keeps the first part, the
-/// others come back with their first keys, in key order.
-fn split_to_fit(node: &mut Node, node_size: usize) -> Vec<(Vec<u8>, Node)> {
+/// others come back in key order.
+fn split_to_fit(node: &mut Node, node_size: usize) -> Vec<SplitOff> {
     if node.encoded_len() <= node_size {
         return Vec::new();
     }
-    let (sep, mut right) = split_node(node);
+    let (first_key, mut right) = split_node(node);
     let mut out = split_to_fit(node, node_size);
     let rest = split_to_fit(&mut right, node_size);
-    out.push((sep, right));
+    out.push(SplitOff {
+        first_key,
+        node: right,
+    });
     out.extend(rest);
     out
 }
