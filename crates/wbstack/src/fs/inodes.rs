@@ -284,12 +284,14 @@ impl Inodes {
 
     /// A new inode (created, or every inode at load).
     pub fn insert(&mut self, ino: u64, i: Box<Inode>) {
+        // Noted before, as every change is: a capture in progress copies what the
+        // closed generation left at this number (replay may make a number again).
+        self.note_changed(ino);
         let old = self.map.insert(ino, i);
         debug_assert!(old.is_none(), "inode {ino} inserted twice");
         if self.source.is_some() {
             self.order.push_back(ino);
         }
-        self.note_changed(ino);
     }
 
     /// A deleted inode: gone from memory, and stamped so the tree's old copy is not

@@ -651,22 +651,28 @@ fn insert_sorted_in(
             // Child i holds the keys from its separator (none for the first) to the
             // next one's, as `child_index` finds them.
             let mut grown: Vec<(usize, Vec<SplitOff>)> = Vec::new();
+            // By the keys, not the children: a node of hundreds of children is often
+            // visited for a few keys.
             let mut from = 0;
-            for i in 0..e.len() {
+            while from < kvs.len() {
+                let i = child_index(e, kvs[from].0);
                 let to = match e.get(i + 1) {
                     Some((sep, _)) => {
                         from + kvs[from..].partition_point(|kv| kv.0 < sep.as_slice())
                     }
                     None => kvs.len(),
                 };
-                if to > from {
-                    let parts =
-                        insert_sorted_in(cx, freed, &mut e[i].1, level - 1, &kvs[from..to])?;
-                    if !parts.is_empty() {
-                        grown.push((i, parts));
-                    }
+                debug_assert!(to > from, "a key's child does not take it");
+                let parts = insert_sorted_in(cx, freed, &mut e[i].1, level - 1, &kvs[from..to])?;
+                if !parts.is_empty() {
+                    grown.push((i, parts));
                 }
                 from = to;
+            }
+            // An inner node grows only by its children's splits (and its size is a sum
+            // over its children, not worth taking otherwise).
+            if grown.is_empty() {
+                return Ok(Vec::new());
             }
             // From the back, so the places of the children before stay put.
             for (i, parts) in grown.into_iter().rev() {
