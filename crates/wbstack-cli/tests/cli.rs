@@ -367,7 +367,7 @@ fn break_root_link_count(image: &[u8]) -> Vec<u8> {
     // A fresh image is format 4 (a metadata tree): the broken metadata goes in as a
     // format 3 whole image, which every later version still reads.
     let mut m = Meta::mkfs(sb.data_start, sb.nr_blocks, 1, sb.fs_id);
-    m.resident_inodes().get_mut(&1).unwrap().links = 5;
+    m.find_mut(1).unwrap().unwrap().links = 5;
     let enc = Checkpoint {
         image: m.encode_image(),
         ..c

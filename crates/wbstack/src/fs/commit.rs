@@ -635,24 +635,29 @@ impl Vol {
         loop {
             let mut st = self.st.lock();
             if st.meta.capture_step(super::cowcapture::CAPTURE_BATCH) {
-                return st
-                    .meta
-                    .take_capture()
-                    .map(|p| p.finish())
-                    .ok_or_else(|| FsError::Corrupt("a checkpoint's capture was given up".into()));
+                return st.meta.take_capture().map(|p| p.finish()).ok_or_else(|| {
+                    // Only a failed volume gives a capture up (`abort`, `stop_threads`).
+                    FsError::ReadOnly(
+                        st.aborted
+                            .clone()
+                            .unwrap_or_else(|| "a checkpoint's capture was given up".into()),
+                    )
+                });
             }
         }
     }
 
     pub(super) fn abort(&self, why: String) {
         self.sb_err.set(libc::EIO);
+        // The first failure is the one to report: what fails after it (a checkpoint
+        // whose capture it gave up, say) follows from it.
         {
             let mut st = self.st.lock();
-            st.aborted = Some(why.clone());
+            st.aborted.get_or_insert_with(|| why.clone());
             // A checkpoint copying out its changes will not be written.
             drop(st.meta.take_capture());
         }
-        self.jn.lock().error = Some(why);
+        self.jn.lock().error.get_or_insert(why);
         self.wake_journal_all();
         self.settle_async();
         self.fail_home();

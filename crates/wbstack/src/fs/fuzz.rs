@@ -187,7 +187,7 @@ fn meta_round_trip(m: &mut Meta, exact: bool) {
             "the checkpoint image size estimate is wrong"
         );
     }
-    let mut back = Meta::decode_image(&img, SEED_DATA_START, SEED_BLOCKS, SEED_NAME_SEED)
+    let back = Meta::decode_image(&img, SEED_DATA_START, SEED_BLOCKS, SEED_NAME_SEED)
         .unwrap_or_else(|e| panic!("a checkpoint image the encoder wrote does not decode: {e}"));
     assert!(
         *back.resident_inodes() == *m.resident_inodes()

@@ -441,8 +441,9 @@ impl Inodes {
     }
 
     /// Every inode in memory (all of them unless the cache is lazy).
-    pub fn all_resident(&mut self) -> &mut HashMap<u64, Box<Inode>> {
-        &mut self.map
+    /// Read only: a change must come through `note_changed` first (`fs::cowcapture`).
+    pub fn all_resident(&self) -> &HashMap<u64, Box<Inode>> {
+        &self.map
     }
 
     pub fn stats(&self) -> MetaCacheStats {

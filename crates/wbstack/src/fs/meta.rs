@@ -417,7 +417,9 @@ impl Meta {
 
     /// The inodes in memory: every inode unless the cache reads them back on demand
     /// (`load_all` first for a walk of them all).
-    pub fn resident_inodes(&mut self) -> &mut HashMap<u64, Box<Inode>> {
+    /// Read only: an inode changes through `find_mut`/`resident_mut`, which note the
+    /// change first (`fs::cowcapture`).
+    pub fn resident_inodes(&self) -> &HashMap<u64, Box<Inode>> {
         self.inodes.all_resident()
     }
 
@@ -977,7 +979,7 @@ impl Meta {
             self.image_bytes.0.unwrap_or(0) as usize + 64,
         ));
         let free = self.durable_free();
-        let inodes = &*self.inodes.all_resident();
+        let inodes = self.inodes.all_resident();
         w.u64(self.next_ino);
         w.u64(inodes.len() as u64);
         let mut inos: Vec<&u64> = inodes.keys().collect();
@@ -1246,7 +1248,7 @@ impl Meta {
         let end = self.alloc.space().nr_blocks();
         // Extents: in bounds, inside the file, owned once.
         let mut used = self.used_extents();
-        let inodes = &*self.inodes.all_resident();
+        let inodes = self.inodes.all_resident();
         if inodes.len() as u64 != self.nr_inodes {
             p.push(format!(
                 "{} inodes counted but {} exist",
