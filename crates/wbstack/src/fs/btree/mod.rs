@@ -229,13 +229,8 @@ impl Tree {
         Ok(out)
     }
 
-    /// Set `key` to `value`; returns the value it replaced.
-    pub fn insert(
-        &mut self,
-        store: &dyn NodeStore,
-        key: &[u8],
-        value: &[u8],
-    ) -> TreeResult<Option<Vec<u8>>> {
+    /// Whether an entry may go in: a key, and small enough for a node.
+    fn check_entry(&self, key: &[u8], value: &[u8]) -> TreeResult<()> {
         let max = max_entry(self.node_size);
         if key.is_empty() {
             return Err(TreeError::EmptyKey);
@@ -246,6 +241,17 @@ impl Tree {
                 max,
             });
         }
+        Ok(())
+    }
+
+    /// Set `key` to `value`; returns the value it replaced.
+    pub fn insert(
+        &mut self,
+        store: &dyn NodeStore,
+        key: &[u8],
+        value: &[u8],
+    ) -> TreeResult<Option<Vec<u8>>> {
+        self.check_entry(key, value)?;
         let cx = self.cx(store);
         let Some(root) = self.root.as_mut() else {
             self.root = Some(Link::Dirty(Box::new(Node {
@@ -284,17 +290,8 @@ impl Tree {
         kvs: &[(&[u8], &[u8])],
     ) -> TreeResult<()> {
         debug_assert!(kvs.windows(2).all(|w| w[0].0 <= w[1].0), "unsorted puts");
-        let max = max_entry(self.node_size);
         for (key, value) in kvs {
-            if key.is_empty() {
-                return Err(TreeError::EmptyKey);
-            }
-            if key.len() + value.len() > max {
-                return Err(TreeError::TooBig {
-                    len: key.len() + value.len(),
-                    max,
-                });
-            }
+            self.check_entry(key, value)?;
         }
         if kvs.is_empty() {
             return Ok(());
