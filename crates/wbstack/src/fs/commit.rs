@@ -380,11 +380,7 @@ impl Vol {
             let restated_max = Txn::len_of_body(st.txn_bytes + st.restate_max_bytes());
             let ckpt =
                 force_ckpt || head + restated_max as u64 / PAGE > jblocks * 3 / 4 || st.meta_full();
-            if ckpt {
-                st.restate_for_checkpoint();
-            } else {
-                st.restate();
-            }
+            st.restate(!ckpt);
             self.prune_meta(&mut st);
             let records = std::mem::take(&mut st.txn);
             st.txn_bytes = 0;
@@ -529,8 +525,8 @@ impl Vol {
         // A checkpoint forgets the journal: every write in it completes first, and
         // the transactions they carry are committed before this one.
         self.finish_commits(0);
+        // A journal error came with `abort` or `stop_threads`, which gave up any capture.
         if self.jn.lock().error.is_some() {
-            drop(self.st.lock().meta.take_capture());
             return;
         }
         let (res, bytes, new_slot) = match checkpoint {

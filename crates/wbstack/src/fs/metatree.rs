@@ -618,29 +618,26 @@ const APPLY_CHUNK: usize = 4096;
 fn apply_chunk(tree: &mut Tree, store: &dyn NodeStore, ops: &[TreeOp]) -> TreeResult<()> {
     let mut rest = ops;
     while let Some(op) = rest.first() {
-        // A run of puts in key order goes in with one descent per node it lands under.
-        let puts: Vec<(&[u8], &[u8])> = rest
-            .iter()
-            .map_while(|o| match o {
-                TreeOp::Put(k, v) => Some((k.as_slice(), v.as_slice())),
-                _ => None,
-            })
-            .collect();
-        if puts.len() > 1 {
-            if puts.windows(2).all(|w| w[0].0 <= w[1].0) {
-                tree.insert_sorted(store, &puts)?;
-            } else {
-                for (k, v) in &puts {
-                    tree.insert(store, k, v)?;
-                }
-            }
-            rest = &rest[puts.len()..];
-            continue;
-        }
-        rest = &rest[1..];
         match op {
-            TreeOp::Put(k, v) => {
-                tree.insert(store, k, v)?;
+            TreeOp::Put(..) => {
+                // The run of puts from here goes in with one descent per node it lands
+                // under, if in key order (the contract; else one at a time).
+                let puts: Vec<(&[u8], &[u8])> = rest
+                    .iter()
+                    .map_while(|o| match o {
+                        TreeOp::Put(k, v) => Some((k.as_slice(), v.as_slice())),
+                        _ => None,
+                    })
+                    .collect();
+                rest = &rest[puts.len()..];
+                if puts.windows(2).all(|w| w[0].0 <= w[1].0) {
+                    tree.insert_sorted(store, &puts)?;
+                } else {
+                    for (k, v) in &puts {
+                        tree.insert(store, k, v)?;
+                    }
+                }
+                continue;
             }
             TreeOp::Del(k) => {
                 tree.remove(store, k)?;
@@ -659,6 +656,7 @@ fn apply_chunk(tree: &mut Tree, store: &dyn NodeStore, ops: &[TreeOp]) -> TreeRe
                 }
             }
         }
+        rest = &rest[1..];
     }
     Ok(())
 }

@@ -760,23 +760,20 @@ impl State {
         self.txn_inodes.len() * (attr.encoded_len() + size.encoded_len())
     }
 
-    /// What `restate` does for a transaction a checkpoint holds: the checkpoint writes
-    /// the inodes themselves and the transaction's records are never written, so only
-    /// the tree learns of the changes in place. Under `st`, and a checkpoint's
-    /// transaction restates every inode changed since the last one (131,072 and
-    /// more): pushing two records each into it cost as long again.
-    pub fn restate_for_checkpoint(&mut self) {
-        for ino in std::mem::take(&mut self.txn_inodes) {
-            self.meta.note_inode(ino);
-        }
-    }
-
     /// Records restating the current attributes and size of every inode changed in the
-    /// running transaction (what the commit appends).
-    pub fn restate(&mut self) {
+    /// running transaction (what the commit appends), with `records`. Without, for a
+    /// transaction a checkpoint holds: the checkpoint writes the inodes themselves and
+    /// the transaction's records are never written, so only the tree learns of the
+    /// changes in place (a checkpoint's transaction restates every inode changed since
+    /// the last one, 131,072 and more, and pushing two records each under `st` cost as
+    /// long again).
+    pub fn restate(&mut self, records: bool) {
         for ino in std::mem::take(&mut self.txn_inodes) {
             // Changed in place, not through `Meta::apply`: the tree learns of it here.
             self.meta.note_inode(ino);
+            if !records {
+                continue;
+            }
             // Changed in this transaction, so in memory (or deleted since).
             if let Some(i) = self.meta.resident(ino) {
                 self.txn.push(Record::SetAttr {
