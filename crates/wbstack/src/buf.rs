@@ -150,11 +150,21 @@ mod pool {
     static FREE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
     pub(super) fn get() -> NonNull<u8> {
-        let mut free = FREE.lock();
-        if let Some(p) = free.pop() {
+        if let Some(p) = FREE.lock().pop() {
             // SAFETY: only non-null page addresses are ever pushed.
             return unsafe { NonNull::new_unchecked(p as *mut u8) };
         }
+        // Populating a slab takes a few hundred microseconds: outside the free list's
+        // lock, so other threads keep taking and giving back pages meanwhile (two
+        // threads short at once each map a slab; both slabs are used).
+        let slab = new_slab();
+        let base = slab.as_ptr() as usize;
+        FREE.lock()
+            .extend((1..SLAB_PAGES).map(|i| base + i * IO_ALIGN));
+        slab
+    }
+
+    fn new_slab() -> NonNull<u8> {
         // One mmap that populates the whole slab: the kernel fills 512 pages in one
         // call instead of taking 512 separate faults on first touch.
         let len = SLAB_PAGES * IO_ALIGN;
@@ -173,11 +183,8 @@ mod pool {
         if slab == libc::MAP_FAILED {
             alloc::handle_alloc_error(Layout::from_size_align(len, IO_ALIGN).expect("slab layout"));
         }
-        let slab = slab as *mut u8;
-        let base = slab as usize;
-        free.extend((1..SLAB_PAGES).map(|i| base + i * IO_ALIGN));
-        // SAFETY: slab is non-null (checked above).
-        unsafe { NonNull::new_unchecked(slab) }
+        // SAFETY: mmap never returns null for a non-fixed mapping that succeeded.
+        unsafe { NonNull::new_unchecked(slab as *mut u8) }
     }
 
     pub(super) fn put(p: NonNull<u8>) {

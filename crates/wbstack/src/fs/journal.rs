@@ -819,7 +819,7 @@ impl Vol {
     pub(super) fn sync_all(&self) -> FsResult<()> {
         let r = self.bdi.sync();
         self.resolve_all()?;
-        let tid = self.st.lock().running_tid;
+        let tid = self.lock_st().running_tid;
         let gen = self.barrier_started.load(Ordering::Acquire);
         self.journal_wait(tid, Some(gen))?;
         r.map_err(FsError::from)
@@ -828,14 +828,14 @@ impl Vol {
     /// Every metadata change made so far durable (fsync of a directory: its
     /// entries are metadata only).
     pub(super) fn commit_now(&self) -> FsResult<()> {
-        let tid = self.st.lock().running_tid;
+        let tid = self.lock_st().running_tid;
         self.journal_wait(tid, None)
     }
 
     /// [`Vol::commit_now`], then wait until the blocks that commit freed are free
     /// (after the home writes of journaled data it carried).
     pub(super) fn commit_and_release(&self) -> FsResult<()> {
-        let tid = self.st.lock().running_tid;
+        let tid = self.lock_st().running_tid;
         self.journal_wait(tid, None)?;
         let mut j = self.jn.lock();
         while j.released < tid && j.error.is_none() {
@@ -871,7 +871,7 @@ impl Vol {
             return res;
         }
         {
-            let mut st = self.st.lock();
+            let mut st = self.lock_st();
             self.wait_truncations(&mut st, Some(ino));
             self.resolve_trunc(&mut st, ino)?;
         }
@@ -920,7 +920,7 @@ impl Vol {
             }
         }
         {
-            let mut st = self.st.lock();
+            let mut st = self.lock_st();
             if st.aborted.is_none() {
                 st.aborted = Some(why.to_string());
             }

@@ -990,7 +990,7 @@ impl<'a> Truncating<'a> {
 
 impl Drop for Truncating<'_> {
     fn drop(&mut self) {
-        let mut st = self.vol.st.lock();
+        let mut st = self.vol.lock_st();
         match st.truncating.get_mut(&self.ino) {
             Some(n) if *n > 1 => *n -= 1,
             Some(_) => {
@@ -1006,6 +1006,12 @@ impl Drop for Truncating<'_> {
 }
 
 impl Vol {
+    /// The state lock, taken spinning before sleeping (`crate::spin`): every
+    /// namespace operation, write and close holds it for a few microseconds.
+    pub(super) fn lock_st(&self) -> parking_lot::MutexGuard<'_, State> {
+        crate::spin::lock(&self.st)
+    }
+
     /// Wait until no truncation of `ino` (None: of any inode) is in progress.
     pub(super) fn wait_truncations(
         &self,
@@ -1039,7 +1045,7 @@ impl AddressSpaceOps for Aops {
             // are space about to come back; commit it and try once more.
             Err(BlkError::NoSpace) => {
                 let vol = self.vol()?;
-                if vol.st.lock().meta.alloc.deferred_blocks() == 0 {
+                if vol.lock_st().meta.alloc.deferred_blocks() == 0 {
                     return Err(BlkError::NoSpace);
                 }
                 vol.commit_and_release().map_err(|_| BlkError::NoSpace)?;
@@ -1051,7 +1057,7 @@ impl AddressSpaceOps for Aops {
 
     fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError> {
         let vol = self.vol()?;
-        let mut st = vol.st.lock();
+        let mut st = vol.lock_st();
         let st = &mut *st;
         // An inode with pages is in memory: not there, it is deleted.
         let (i, alloc) = st.meta.resident_with_alloc(ino);
@@ -1133,7 +1139,7 @@ impl AddressSpaceOps for Aops {
 
     fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError> {
         let vol = self.vol()?;
-        let st = vol.st.lock();
+        let st = vol.lock_st();
         let Some(i) = st.meta.find(ino).map_err(|_| BlkError::Io)? else {
             return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
         };
@@ -1178,7 +1184,7 @@ impl AddressSpaceOps for Aops {
         }
         let now = vol.clock.now_ns();
         let gen = vol.barrier_started.load(Ordering::Acquire);
-        let mut st = vol.st.lock();
+        let mut st = vol.lock_st();
         let blk = sector / SECTORS_PER_BLOCK;
         if status.is_ok() && !st.jblocks.is_empty() {
             // Written in place over a block the journal holds an older copy of (this
@@ -1270,7 +1276,7 @@ impl Aops {
     fn try_prepare_write(&self, ino: u64, index: u64, n: u64) -> BlkResult {
         let vol = self.vol()?;
         let now = vol.clock.now_ns();
-        let mut st = vol.st.lock();
+        let mut st = vol.lock_st();
         if st.aborted.is_some() {
             return Err(BlkError::Io);
         }
@@ -1389,7 +1395,7 @@ impl Vol {
             if r.is_ok() {
                 break r;
             }
-            let misses = self.st.lock().meta.take_misses();
+            let misses = self.lock_st().meta.take_misses();
             // Each rerun that misses only inodes not read back yet made progress (an
             // operation may meet its inodes one at a time); one that misses an inode
             // read back and pinned already is not going to do better.
@@ -1405,7 +1411,7 @@ impl Vol {
             pinned.extend(misses);
         };
         if !pinned.is_empty() {
-            self.st.lock().meta.unpin(&pinned);
+            self.lock_st().meta.unpin(&pinned);
         }
         r
     }
@@ -1414,7 +1420,7 @@ impl Vol {
     /// kept there until `Meta::unpin`.
     pub(super) fn read_back(&self, inos: Option<&[u64]>, pin: bool) -> FsResult<()> {
         let src = {
-            let mut st = self.st.lock();
+            let mut st = self.lock_st();
             if let (true, Some(i)) = (pin, inos) {
                 st.meta.pin(i);
             }
@@ -1428,7 +1434,7 @@ impl Vol {
                 Some(i) => src.read_inodes(i),
                 None => src.read_all(),
             };
-            if self.st.lock().meta.install(read, inos)? {
+            if self.lock_st().meta.install(read, inos)? {
                 return Ok(());
             }
             // A checkpoint made a new root durable during the read, and the old one's
@@ -1746,7 +1752,7 @@ impl Vol {
     }
 
     pub(super) fn unlink_at(&self, dir: u64, name: &[u8], rmdir: bool) -> FsResult<()> {
-        let mut st = self.st.lock();
+        let mut st = self.lock_st();
         st.check_writable()?;
         let ino = st.lookup(dir, name)?;
         if name == b"." || name == b".." {
@@ -1774,7 +1780,7 @@ impl Vol {
         nd: u64,
         nn: &[u8],
     ) -> FsResult<()> {
-        let mut st = self.st.lock();
+        let mut st = self.lock_st();
         st.check_writable()?;
         check_name(nn)?;
         let ino = st.lookup(od, on)?;
@@ -1848,7 +1854,7 @@ impl Vol {
         o: &OpenOptions,
         created: bool,
     ) -> FsResult<File> {
-        let mapping = self.open_locked(&mut self.st.lock(), ino, o)?;
+        let mapping = self.open_locked(&mut self.lock_st(), ino, o)?;
         self.open_file(ino, mapping, o, created)
     }
 
@@ -1913,7 +1919,7 @@ impl Vol {
     }
 
     fn release(self: &Arc<Self>, ino: u64, mapping: &Arc<Mapping>) -> FsResult<()> {
-        let mut st = self.st.lock();
+        let mut st = self.lock_st();
         let Some(l) = st.live.get_mut(&ino) else {
             return Ok(());
         };
@@ -1958,7 +1964,7 @@ impl Vol {
         size: u64,
     ) -> FsResult<()> {
         let _truncating = {
-            let mut st = self.st.lock();
+            let mut st = self.lock_st();
             st.check_writable()?;
             Truncating::start(self, &mut st, ino)
         };
@@ -1982,7 +1988,7 @@ impl Vol {
             // flush_on_close may have been switched off since a truncation was
             // deferred: a pending one is resolved here either way.
             let foc = self.flush_on_close.load(Ordering::Relaxed);
-            let mut st = self.st.lock();
+            let mut st = self.lock_st();
             st.check_writable()?;
             let has_disk = !st.inode(ino)?.extents.is_empty();
             let l = st.live.entry(ino).or_default();
@@ -2019,7 +2025,7 @@ impl Vol {
         }
         let now = self.now();
         let cow = {
-            let mut st = self.st.lock();
+            let mut st = self.lock_st();
             st.check_writable()?;
             let disk = st.inode(ino)?.size;
             let keep = size.div_ceil(PAGE);
@@ -2110,7 +2116,7 @@ impl Volume {
     /// Look a path up (following symlinks) and return its inode number.
     pub fn lookup_path(&self, path: &str) -> FsResult<u64> {
         self.vol.faulting(|| {
-            let st = self.vol.st.lock();
+            let st = self.vol.lock_st();
             self.vol.resolve(&st, path, true)
         })
     }
@@ -2118,12 +2124,12 @@ impl Volume {
     /// `name` in directory `dir` (inode-level lookup, as FUSE asks).
     pub fn lookup(&self, dir: u64, name: &str) -> FsResult<u64> {
         self.vol
-            .faulting(|| self.vol.st.lock().lookup(dir, name.as_bytes()))
+            .faulting(|| self.vol.lock_st().lookup(dir, name.as_bytes()))
     }
 
     pub fn stat(&self, path: &str) -> FsResult<Stat> {
         self.vol.faulting(|| {
-            let st = self.vol.st.lock();
+            let st = self.vol.lock_st();
             let ino = self.vol.resolve(&st, path, true)?;
             self.vol.stat_of(&st, ino)
         })
@@ -2132,7 +2138,7 @@ impl Volume {
     /// stat without following a symlink in the last component.
     pub fn lstat(&self, path: &str) -> FsResult<Stat> {
         self.vol.faulting(|| {
-            let st = self.vol.st.lock();
+            let st = self.vol.lock_st();
             let ino = self.vol.resolve(&st, path, false)?;
             self.vol.stat_of(&st, ino)
         })
@@ -2140,14 +2146,14 @@ impl Volume {
 
     pub fn stat_ino(&self, ino: u64) -> FsResult<Stat> {
         self.vol.faulting(|| {
-            let st = self.vol.st.lock();
+            let st = self.vol.lock_st();
             self.vol.stat_of(&st, ino)
         })
     }
 
     pub fn mkdir(&self, path: &str, mode: u32) -> FsResult<u64> {
         self.vol.faulting(|| {
-            let mut st = self.vol.st.lock();
+            let mut st = self.vol.lock_st();
             let (dir, name) = self.vol.resolve_parent(&st, path)?;
             self.vol
                 .create_node(&mut st, dir, &name, InodeKind::Dir, mode, None)
@@ -2157,7 +2163,7 @@ impl Volume {
     /// mkdir -p: every missing directory of `path`, in one walk.
     pub fn mkdir_all(&self, path: &str, mode: u32) -> FsResult<()> {
         self.vol.faulting(|| {
-            let mut st = self.vol.st.lock();
+            let mut st = self.vol.lock_st();
             let mut cur = ROOT_INO;
             let mut budget = MAX_SYMLINKS;
             for c in components(path) {
@@ -2182,7 +2188,7 @@ impl Volume {
 
     pub fn symlink(&self, target: &str, path: &str) -> FsResult<u64> {
         self.vol.faulting(|| {
-            let mut st = self.vol.st.lock();
+            let mut st = self.vol.lock_st();
             let (dir, name) = self.vol.resolve_parent(&st, path)?;
             self.vol.create_node(
                 &mut st,
@@ -2197,7 +2203,7 @@ impl Volume {
 
     pub fn readlink(&self, path: &str) -> FsResult<String> {
         self.vol.faulting(|| {
-            let st = self.vol.st.lock();
+            let st = self.vol.lock_st();
             let ino = self.vol.resolve(&st, path, false)?;
             let i = st.inode(ino)?;
             if i.kind != InodeKind::Symlink {
@@ -2210,7 +2216,7 @@ impl Volume {
     /// A hard link `new` to the file at `existing`.
     pub fn link(&self, existing: &str, new: &str) -> FsResult<()> {
         self.vol.faulting(|| {
-            let mut st = self.vol.st.lock();
+            let mut st = self.vol.lock_st();
             st.check_writable()?;
             let ino = self.vol.resolve(&st, existing, false)?;
             if st.inode(ino)?.is_dir() {
@@ -2234,7 +2240,7 @@ impl Volume {
     pub fn unlink(&self, path: &str) -> FsResult<()> {
         self.vol.faulting(|| {
             let (dir, name) = {
-                let st = self.vol.st.lock();
+                let st = self.vol.lock_st();
                 self.vol.resolve_parent(&st, path)?
             };
             self.vol.unlink_at(dir, &name, false)
@@ -2244,7 +2250,7 @@ impl Volume {
     pub fn rmdir(&self, path: &str) -> FsResult<()> {
         self.vol.faulting(|| {
             let (dir, name) = {
-                let st = self.vol.st.lock();
+                let st = self.vol.lock_st();
                 self.vol.resolve_parent(&st, path)?
             };
             self.vol.unlink_at(dir, &name, true)
@@ -2255,7 +2261,7 @@ impl Volume {
     pub fn rename(&self, from: &str, to: &str) -> FsResult<()> {
         self.vol.faulting(|| {
             let ((od, on), (nd, nn)) = {
-                let st = self.vol.st.lock();
+                let st = self.vol.lock_st();
                 (
                     self.vol.resolve_parent(&st, from)?,
                     self.vol.resolve_parent(&st, to)?,
@@ -2267,7 +2273,7 @@ impl Volume {
 
     pub fn readdir(&self, path: &str) -> FsResult<Vec<DirEntry>> {
         self.vol.faulting(|| {
-            let st = self.vol.st.lock();
+            let st = self.vol.lock_st();
             let ino = self.vol.resolve(&st, path, true)?;
             let d = st.inode(ino)?;
             if !d.is_dir() {
@@ -2295,7 +2301,7 @@ impl Volume {
     pub fn set_attr(&self, path: &str, a: &SetAttr) -> FsResult<Stat> {
         self.vol.faulting(|| {
             let ino = {
-                let st = self.vol.st.lock();
+                let st = self.vol.lock_st();
                 self.vol.resolve(&st, path, true)?
             };
             let at = |t: Option<u64>| t.map(super::ops::TimeSet::At);
@@ -2317,7 +2323,7 @@ impl Volume {
     pub fn open(&self, path: &str, o: &OpenOptions) -> FsResult<File> {
         self.vol.faulting(|| {
             let (ino, created, mapping) = {
-                let mut st = self.vol.st.lock();
+                let mut st = self.vol.lock_st();
                 let (ino, created) = match self.vol.resolve(&st, path, true) {
                     Ok(_) if o.create && o.exclusive => {
                         return Err(FsError::Exists(path.to_string()));
@@ -2349,7 +2355,7 @@ impl Volume {
     }
 
     pub fn statfs(&self) -> StatFs {
-        let st = self.vol.st.lock();
+        let st = self.vol.lock_st();
         let (total, free, avail) = st.meta.alloc.statfs();
         StatFs {
             block_size: PAGE,
@@ -2362,7 +2368,7 @@ impl Volume {
 
     /// The inode cache's counts (`fs::icache`).
     pub fn inode_cache_stats(&self) -> InodeCacheStats {
-        let st = self.vol.st.lock();
+        let st = self.vol.lock_st();
         let ic = self.vol.icache.lock();
         let m = st.meta.cache_stats();
         InodeCacheStats {
@@ -2410,7 +2416,7 @@ impl Volume {
     pub fn drop_cache(&self, path: &str) -> FsResult<bool> {
         self.vol.faulting(|| {
             let (ino, m) = {
-                let st = self.vol.st.lock();
+                let st = self.vol.lock_st();
                 let ino = self.vol.resolve(&st, path, true)?;
                 if st.live.get(&ino).is_some_and(|l| l.open > 0) {
                     return Ok(false);
@@ -2419,7 +2425,7 @@ impl Volume {
             };
             self.vol
                 .fsync_ino(ino, &m, false, &Mutex::new(m.wb_err().sample()))?;
-            let st = self.vol.st.lock();
+            let st = self.vol.lock_st();
             if st.live.get(&ino).is_some_and(|l| l.open > 0) || m.nr_dirty() > 0 {
                 return Ok(false);
             }
@@ -2435,7 +2441,7 @@ impl Volume {
     /// the cache's own view, e.g. its legacy error bit).
     pub fn mapping_of(&self, path: &str) -> FsResult<Arc<Mapping>> {
         self.vol.faulting(|| {
-            let st = self.vol.st.lock();
+            let st = self.vol.lock_st();
             let ino = self.vol.resolve(&st, path, true)?;
             self.vol.mapping(&st, ino)
         })
@@ -2445,7 +2451,7 @@ impl Volume {
     /// Blocks still being written (or only reserved) are not listed.
     pub fn fiemap(&self, path: &str) -> FsResult<Vec<(u64, u64, u64)>> {
         self.vol.faulting(|| {
-            let st = self.vol.st.lock();
+            let st = self.vol.lock_st();
             let ino = self.vol.resolve(&st, path, true)?;
             Ok(st
                 .inode(ino)?
@@ -2473,7 +2479,7 @@ impl Volume {
             if let Err(e) = self.vol.read_back(None, false) {
                 return vec![format!("reading the inodes back: {e}")];
             }
-            let mut st = self.vol.st.lock();
+            let mut st = self.vol.lock_st();
             if st.meta.resident_inodes().len() as u64 == st.meta.nr_inodes() {
                 return match &nodes {
                     Some(b) if !st.meta.tree_blocks_known => st.meta.check_with_nodes(b),
@@ -2538,7 +2544,7 @@ impl File {
 
     /// Free blocks not reserved by delayed allocation (fallocate's space check).
     pub(super) fn volume_available_blocks(&self) -> u64 {
-        self.vol.st.lock().meta.alloc.statfs().2
+        self.vol.lock_st().meta.alloc.statfs().2
     }
 
     pub fn size(&self) -> u64 {
@@ -2546,7 +2552,7 @@ impl File {
     }
 
     pub fn stat(&self) -> FsResult<Stat> {
-        let st = self.vol.st.lock();
+        let st = self.vol.lock_st();
         self.vol.stat_of(&st, self.ino)
     }
 
@@ -2611,7 +2617,7 @@ impl File {
     pub fn flush_on_close(&self) -> FsResult<()> {
         self.usable()?;
         let kick = {
-            let mut st = self.vol.st.lock();
+            let mut st = self.vol.lock_st();
             st.live
                 .get_mut(&self.ino)
                 .is_some_and(|l| std::mem::take(&mut l.da_alloc_close))
