@@ -7,7 +7,7 @@ use crate::block::{Bio, BioEndIo, BioFlags, BlkError, BlkResult, Plug};
 use crate::buf::IoBuf;
 use crate::writeback::{Bdi, WbInode, Wbc};
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -258,7 +258,7 @@ impl Readahead {
 }
 
 struct Inner {
-    pages: BTreeMap<u64, Page>,
+    pages: super::pagemap::PageMap<Page>,
     size: u64,
     nr_dirty: u64,
     /// Pages under writeback.
@@ -321,7 +321,7 @@ impl Mapping {
             bdi,
             ops,
             inner: Mutex::new(Inner {
-                pages: BTreeMap::new(),
+                pages: super::pagemap::PageMap::default(),
                 size,
                 nr_dirty: 0,
                 nr_wb: 0,
