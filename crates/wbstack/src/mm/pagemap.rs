@@ -9,17 +9,12 @@
 use std::collections::btree_map::{self, BTreeMap};
 use std::ops::{Bound, RangeBounds};
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) enum PageMap<P> {
+    #[default]
     Empty,
     One(u64, P),
     Many(BTreeMap<u64, P>),
-}
-
-impl<P> Default for PageMap<P> {
-    fn default() -> Self {
-        PageMap::Empty
-    }
 }
 
 /// Entries of a `PageMap` in index order.
