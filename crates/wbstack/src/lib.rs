@@ -9,6 +9,7 @@ pub mod clock;
 pub mod dev;
 pub mod fs;
 pub mod mm;
+pub mod smallmap;
 pub mod spin;
 pub mod testfs;
 pub mod trace;

@@ -418,7 +418,7 @@ pub(super) struct Live {
     /// Pages reserved by write() and not allocated yet.
     pub delalloc: BTreeSet<u64>,
     /// file block -> (device block, len): allocated at writeback, write in flight.
-    pub pending: BTreeMap<u64, (u64, u64)>,
+    pub pending: crate::smallmap::SmallMap<(u64, u64)>,
     pub open: u32,
     /// Last transaction changing anything of the inode (fsync waits for it).
     pub sync_tid: u64,
@@ -431,7 +431,7 @@ pub(super) struct Live {
     /// ignored), new data goes to new blocks listed in `deferred_maps` (see fs::flush).
     pub trunc_pending: bool,
     /// file block -> (device block, len) written since the deferred truncation.
-    pub deferred_maps: BTreeMap<u64, (u64, u64)>,
+    pub deferred_maps: crate::smallmap::SmallMap<(u64, u64)>,
     /// On-disk size the file will have when the deferred truncation is journaled.
     pub deferred_size: u64,
     /// Truncated to zero while open: write it back at close (EXT4_STATE_DA_ALLOC_CLOSE).

@@ -258,7 +258,7 @@ impl Readahead {
 }
 
 struct Inner {
-    pages: super::pagemap::PageMap<Page>,
+    pages: crate::smallmap::SmallMap<Page>,
     size: u64,
     nr_dirty: u64,
     /// Pages under writeback.
@@ -321,7 +321,7 @@ impl Mapping {
             bdi,
             ops,
             inner: Mutex::new(Inner {
-                pages: super::pagemap::PageMap::default(),
+                pages: crate::smallmap::SmallMap::default(),
                 size,
                 nr_dirty: 0,
                 nr_wb: 0,

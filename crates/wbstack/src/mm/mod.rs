@@ -2,7 +2,6 @@
 
 pub mod cache;
 pub mod errseq;
-mod pagemap;
 pub mod throttle;
 
 pub use cache::{AddressSpaceOps, CacheConfig, Mapping, PageCache, WbGen, PAGE_SIZE};
