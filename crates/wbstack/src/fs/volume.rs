@@ -2324,13 +2324,35 @@ impl Volume {
         self.vol.faulting(|| {
             let (ino, created, mapping) = {
                 let mut st = self.vol.lock_st();
-                let (ino, created) = match self.vol.resolve(&st, path, true) {
+                // A create of a new name walks the path once, to the parent, under the
+                // state lock every namespace operation waits for; any other outcome
+                // (an existing name, a symlink, a path without a parent) takes the
+                // full resolution below, as before.
+                let new_name = if o.create {
+                    match self.vol.resolve_parent(&st, path) {
+                        Ok((dir, name)) => {
+                            matches!(st.lookup(dir, &name), Err(FsError::NotFound(_)))
+                                .then_some((dir, name))
+                        }
+                        Err(_) => None,
+                    }
+                } else {
+                    None
+                };
+                let resolved = match new_name {
+                    Some(_) => Err(FsError::NotFound(path.to_string())),
+                    None => self.vol.resolve(&st, path, true),
+                };
+                let (ino, created) = match resolved {
                     Ok(_) if o.create && o.exclusive => {
                         return Err(FsError::Exists(path.to_string()));
                     }
                     Ok(ino) => (ino, false),
                     Err(FsError::NotFound(_)) if o.create => {
-                        let (dir, name) = self.vol.resolve_parent(&st, path)?;
+                        let (dir, name) = match new_name {
+                            Some(parent) => parent,
+                            None => self.vol.resolve_parent(&st, path)?,
+                        };
                         let ino = self.vol.create_node(
                             &mut st,
                             dir,
