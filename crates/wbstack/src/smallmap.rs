@@ -11,7 +11,7 @@
 use std::collections::btree_map::{self, BTreeMap};
 use std::ops::{Bound, RangeBounds};
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub enum SmallMap<P> {
     #[default]
     Empty,
@@ -222,14 +222,6 @@ mod tests {
         ]
     }
 
-    fn map_clone(m: &SmallMap<u32>) -> SmallMap<u32> {
-        let mut c = SmallMap::default();
-        for (k, v) in m.iter() {
-            c.insert(*k, *v);
-        }
-        c
-    }
-
     proptest! {
         #[test]
         fn a_small_map_holds_what_a_btreemap_holds(ops in proptest::collection::vec(op(), 0..60)) {
@@ -259,7 +251,7 @@ mod tests {
                 let all: Vec<_> = map.iter().map(|(k, v)| (*k, *v)).collect();
                 let want: Vec<_> = model.iter().map(|(k, v)| (*k, *v)).collect();
                 prop_assert_eq!(all, want);
-                let owned: Vec<_> = map_clone(&map).into_iter().collect();
+                let owned: Vec<_> = map.clone().into_iter().collect();
                 let want: Vec<_> = model.clone().into_iter().collect();
                 prop_assert_eq!(owned, want);
                 for k in 0..6 {

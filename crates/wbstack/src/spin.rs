@@ -33,6 +33,20 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock()
 }
 
+/// A mutex whose `lock` is [`lock`]: the only way to take it, so no caller can bypass
+/// the spin. Guards are parking_lot's, so its Condvar waits on them.
+pub struct SpinMutex<T>(Mutex<T>);
+
+impl<T> SpinMutex<T> {
+    pub fn new(value: T) -> SpinMutex<T> {
+        SpinMutex(Mutex::new(value))
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, T> {
+        lock(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,7 +113,7 @@ impl Vol {
             return false;
         }
         let (pending, first, full) = {
-            let st = self.lock_st();
+            let st = self.st.lock();
             (
                 !st.txn.is_empty() || !st.txn_inodes.is_empty(),
                 st.txn_first_ns,
@@ -124,7 +124,7 @@ impl Vol {
         if !(need_commit || need_barrier || force || periodic) {
             // Idle: journaled data held back for a batch goes home after a while.
             let home_due = {
-                let mut st = self.lock_st();
+                let mut st = self.st.lock();
                 match st.jhome_first_ns {
                     Some(t) if now >= t + super::jdata::HOME_DELAY_NS => {
                         st.jhome_first_ns = None;
@@ -233,7 +233,7 @@ impl Vol {
         // blocks this transaction freed are released once its home writes completed.
         self.wait_home(d.tid);
         {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             let r = st.meta.alloc.commit(d.tid).map(|_| ());
             st.allocator_broken("releasing the blocks a commit freed", r);
         }
@@ -309,7 +309,7 @@ impl Vol {
             (j.head, self.sb.journal_blocks)
         };
         let (tid, payload, nrec, home, covered) = {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             // Ordered data (rename over an existing file): the transaction holding the
             // rename waits for the renamed file's data, so it cannot reach the disk
             // first. Writeback of that data was started at the rename.
@@ -612,7 +612,7 @@ impl Vol {
         let gen = changes.gen;
         let space = changes.space.take();
         let w = mt.write(changes, seq, &mut |goal, n| {
-            alloc_nodes(&mut self.lock_st().meta, goal, n)
+            alloc_nodes(&mut self.st.lock().meta, goal, n)
         })?;
         let data = self.sb.data_start..self.sb.nr_blocks;
         let enc = root_record(self.sb.fs_id, seq, tid, &w, space, data)?;
@@ -621,7 +621,7 @@ impl Vol {
             IoBuf::from_slice(&enc),
             flags,
         )?;
-        mt.release(&mut self.lock_st().meta, &w, gen)?;
+        mt.release(&mut self.st.lock().meta, &w, gen)?;
         Ok(w.bytes + enc.len() as u64)
     }
 
@@ -629,7 +629,7 @@ impl Vol {
     /// hold of `st`, while operations go on.
     fn finish_capture(&self) -> FsResult<metatree::Captured> {
         loop {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             if st.meta.capture_step(super::cowcapture::CAPTURE_BATCH) {
                 return st.meta.take_capture().map(|p| p.finish()).ok_or_else(|| {
                     // Only a failed volume gives a capture up (`abort`, `stop_threads`).
@@ -648,7 +648,7 @@ impl Vol {
         // The first failure is the one to report: what fails after it (a checkpoint
         // whose capture it gave up, say) follows from it.
         {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             st.aborted.get_or_insert_with(|| why.clone());
             // A checkpoint copying out its changes will not be written.
             drop(st.meta.take_capture());

@@ -157,7 +157,7 @@ impl Vol {
             }
         }
         {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             for r in batch.iter().filter(|r| r.resolve || r.state.is_some()) {
                 self.wait_truncations(&mut st, Some(r.ino));
             }
@@ -189,7 +189,7 @@ impl Vol {
 
     /// What an fsync of `ino` waits for: the transaction and the data barrier.
     pub(super) fn sync_point(&self, ino: u64, datasync: bool) -> (u64, Option<u64>) {
-        let st = self.lock_st();
+        let st = self.st.lock();
         st.live.get(&ino).map_or((0, None), |l| {
             (
                 if datasync { l.datasync_tid } else { l.sync_tid },
@@ -233,7 +233,7 @@ impl Vol {
 
     /// Resolve every deferred truncation (syncfs and unmount make everything durable).
     pub(super) fn resolve_all(&self) -> FsResult<()> {
-        let mut st = self.lock_st();
+        let mut st = self.st.lock();
         self.wait_truncations(&mut st, None);
         let inos: Vec<u64> = st
             .live

@@ -108,7 +108,7 @@ impl Vol {
         let max_pages = limit_kb / (PAGE / 1024);
         {
             // A cheap look first: most refusals need no claim.
-            let st = self.lock_st();
+            let st = self.st.lock();
             let nd = mapping.nr_dirty();
             if !journal_data_fits(limit_kb, nd, st.txn_jdata_pages, self.sb.journal_blocks)
                 || !eligible(&st, ino)
@@ -120,7 +120,7 @@ impl Vol {
             return false;
         };
         let now = self.now();
-        let mut st = self.lock_st();
+        let mut st = self.st.lock();
         let taken = journal_data_fits(
             limit_kb,
             pages.len() as u64,
@@ -321,7 +321,7 @@ impl Vol {
     /// Send every held-back home write now (a thread is about to wait for one of them).
     pub(super) fn kick_home(&self) {
         let home = {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             if st.jhome.is_empty() {
                 return;
             }
@@ -347,7 +347,7 @@ impl Vol {
     /// The journal failed: journaled pages not yet sent home never will be; end their
     /// writeback with the error (every open file is told through errseq).
     pub(super) fn fail_home(&self) {
-        let home = std::mem::take(&mut self.lock_st().jhome);
+        let home = std::mem::take(&mut self.st.lock().jhome);
         for h in home {
             h.mapping.end_claimed(h.index, 1, h.gen, Err(BlkError::Io));
         }

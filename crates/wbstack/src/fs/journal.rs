@@ -733,7 +733,7 @@ impl Volume {
             logbufs: std::sync::atomic::AtomicUsize::new(opts.logbufs),
             home: Default::default(),
             opts,
-            st: Mutex::new(State {
+            st: crate::spin::SpinMutex::new(State {
                 meta: l.meta,
                 running_tid: l.last_tid + 1,
                 txn: Records::new(),
@@ -819,7 +819,7 @@ impl Vol {
     pub(super) fn sync_all(&self) -> FsResult<()> {
         let r = self.bdi.sync();
         self.resolve_all()?;
-        let tid = self.lock_st().running_tid;
+        let tid = self.st.lock().running_tid;
         let gen = self.barrier_started.load(Ordering::Acquire);
         self.journal_wait(tid, Some(gen))?;
         r.map_err(FsError::from)
@@ -828,14 +828,14 @@ impl Vol {
     /// Every metadata change made so far durable (fsync of a directory: its
     /// entries are metadata only).
     pub(super) fn commit_now(&self) -> FsResult<()> {
-        let tid = self.lock_st().running_tid;
+        let tid = self.st.lock().running_tid;
         self.journal_wait(tid, None)
     }
 
     /// [`Vol::commit_now`], then wait until the blocks that commit freed are free
     /// (after the home writes of journaled data it carried).
     pub(super) fn commit_and_release(&self) -> FsResult<()> {
-        let tid = self.lock_st().running_tid;
+        let tid = self.st.lock().running_tid;
         self.journal_wait(tid, None)?;
         let mut j = self.jn.lock();
         while j.released < tid && j.error.is_none() {
@@ -871,7 +871,7 @@ impl Vol {
             return res;
         }
         {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             self.wait_truncations(&mut st, Some(ino));
             self.resolve_trunc(&mut st, ino)?;
         }
@@ -920,7 +920,7 @@ impl Vol {
             }
         }
         {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             if st.aborted.is_none() {
                 st.aborted = Some(why.to_string());
             }

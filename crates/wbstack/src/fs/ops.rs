@@ -71,7 +71,7 @@ impl Volume {
             if name.len() > super::meta::NAME_MAX {
                 super::volume::check_name(name)?;
             }
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             perm::check(c, st.inode(dir)?, MAY_EXEC, "lookup")?;
             let ino = st.lookup(dir, name)?;
             self.vol.stat_of(&st, ino)
@@ -81,7 +81,7 @@ impl Volume {
     /// access(2): `mask` of MAY_READ | MAY_WRITE | MAY_EXEC (0 asks existence only).
     pub fn access_as(&self, c: &Cred, ino: u64, mask: u32) -> FsResult<()> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let i = st.inode(ino)?;
             if mask == 0 {
                 return Ok(());
@@ -115,7 +115,7 @@ impl Volume {
             } else {
                 0
             };
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             perm::may_change_dir(c, st.inode(dir)?, "create")?;
             let owner = perm::new_inode_owner(c, st.inode(dir)?, kind, mode);
             let ino = self
@@ -127,7 +127,7 @@ impl Volume {
 
     pub fn symlink_as(&self, c: &Cred, dir: u64, name: &[u8], target: &[u8]) -> FsResult<Stat> {
         self.vol.faulting(|| {
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             perm::may_change_dir(c, st.inode(dir)?, "symlink")?;
             let gid = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::Symlink, 0o777).1;
             let ino = self.vol.create_node_as(
@@ -145,7 +145,7 @@ impl Volume {
 
     pub fn readlink_ino(&self, ino: u64) -> FsResult<Vec<u8>> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let i = st.inode(ino)?;
             if i.kind != InodeKind::Symlink {
                 return Err(FsError::Invalid(format!("inode {ino} is not a symlink")));
@@ -158,7 +158,7 @@ impl Volume {
     pub fn link_as(&self, c: &Cred, ino: u64, dir: u64, name: &[u8]) -> FsResult<Stat> {
         self.vol.faulting(|| {
             super::volume::check_name(name)?;
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             st.check_writable()?;
             perm::may_change_dir(c, st.inode(dir)?, "link")?;
             let i = st.inode(ino)?;
@@ -190,7 +190,7 @@ impl Volume {
     pub fn unlink_as(&self, c: &Cred, dir: u64, name: &[u8], dir_only: bool) -> FsResult<()> {
         self.vol.faulting(|| {
             {
-                let st = self.vol.lock_st();
+                let st = self.vol.st.lock();
                 let ino = st.lookup(dir, name)?;
                 perm::may_delete(c, st.inode(dir)?, st.inode(ino)?, "unlink")?;
             }
@@ -215,7 +215,7 @@ impl Volume {
                 ));
             }
             {
-                let st = self.vol.lock_st();
+                let st = self.vol.st.lock();
                 let src = st.lookup(od, on)?;
                 let si = st.inode(src)?;
                 perm::may_delete(c, st.inode(od)?, si, "rename")?;
@@ -252,7 +252,7 @@ impl Volume {
 
     /// RENAME_EXCHANGE: both entries swap inodes in one transaction.
     fn exchange(&self, od: u64, on: &[u8], nd: u64, nn: &[u8]) -> FsResult<()> {
-        let mut st = self.vol.lock_st();
+        let mut st = self.vol.st.lock();
         st.check_writable()?;
         let a = st.lookup(od, on)?;
         let b = st.lookup(nd, nn)?;
@@ -283,7 +283,7 @@ impl Volume {
     /// `readdir_page`'s.
     pub fn opendir_as(&self, c: &Cred, ino: u64) -> FsResult<()> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             perm::check(c, st.dir(ino)?, MAY_READ, "readdir")
         })
     }
@@ -296,7 +296,7 @@ impl Volume {
     /// (`fs::dir`). Permission is opendir's (`opendir_as`), as POSIX checks it at open.
     pub fn readdir_page(&self, ino: u64, cookie: u64, max: usize) -> FsResult<Vec<DirPageEntry>> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             st.meta.clear_misses();
             let page = st.dir(ino)?.entries.page(cookie, max, |c| st.kind_of(c));
             st.missed()?;
@@ -307,7 +307,7 @@ impl Volume {
     /// The parent of directory `ino` (for "..").
     pub fn parent_of(&self, ino: u64) -> FsResult<u64> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let i = st.inode(ino)?;
             Ok(if i.is_dir() {
                 i.parent.max(super::meta::ROOT_INO)
@@ -323,7 +323,7 @@ impl Volume {
             let now = self.vol.now();
             if let Some(size) = a.size {
                 let m = {
-                    let mut st = self.vol.lock_st();
+                    let mut st = self.vol.st.lock();
                     st.check_writable()?;
                     let i = st.inode(ino)?;
                     match i.kind {
@@ -344,7 +344,7 @@ impl Volume {
                 }
                 self.vol.truncate(ino, &m, size)?;
             }
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             st.check_writable()?;
             let mut mode = None;
             {
@@ -427,7 +427,7 @@ impl Volume {
             if c.is_root() {
                 return Ok(());
             }
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             if let Some(mode) = perm::kill_suid(c, st.inode(ino)?) {
                 let now = self.vol.now();
                 self.set_mode_locked(&mut st, ino, mode, now)?;
@@ -440,7 +440,7 @@ impl Volume {
     pub fn open_as(&self, c: &Cred, ino: u64, o: &OpenOptions) -> FsResult<File> {
         self.vol.faulting(|| {
             {
-                let st = self.vol.lock_st();
+                let st = self.vol.st.lock();
                 let i = st.inode(ino)?;
                 let mut mask = 0;
                 if o.read {
@@ -471,7 +471,7 @@ impl Volume {
                 Existing(u64),
             }
             let found = {
-                let mut st = self.vol.lock_st();
+                let mut st = self.vol.st.lock();
                 match st.lookup(dir, name) {
                     Ok(_) if o.exclusive => return Err(FsError::Exists(name_str(name))),
                     Ok(ino) => Found::Existing(ino),
@@ -511,7 +511,7 @@ impl Volume {
 
     pub fn getxattr_as(&self, c: &Cred, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let i = st.inode(ino)?;
             perm::xattr(c, i, name, false)?;
             i.xattrs
@@ -524,7 +524,7 @@ impl Volume {
     /// The names the caller may see (trusted.* only for root).
     pub fn listxattr_as(&self, c: &Cred, ino: u64) -> FsResult<Vec<Vec<u8>>> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let i = st.inode(ino)?;
             Ok(i.xattrs
                 .keys()
@@ -555,7 +555,7 @@ impl Volume {
                     value.len()
                 )));
             }
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             st.check_writable()?;
             let i = st.inode(ino)?;
             perm::xattr(c, i, name, true)?;
@@ -656,7 +656,7 @@ impl Volume {
 
     pub fn removexattr_as(&self, c: &Cred, ino: u64, name: &[u8]) -> FsResult<()> {
         self.vol.faulting(|| {
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             st.check_writable()?;
             let i = st.inode(ino)?;
             perm::xattr(c, i, name, true)?;

@@ -107,7 +107,7 @@ impl Volume {
             // Takes effect at the next open or last close.
             "inode_cache" => {
                 self.vol.icache.lock().set_limit(o.inode_cache);
-                self.vol.lock_st().meta_limit = o.inode_cache;
+                self.vol.st.lock().meta_limit = o.inode_cache;
             }
             _ => self.bdi().set_config(o.wb),
         }

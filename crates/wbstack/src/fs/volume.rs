@@ -942,7 +942,9 @@ pub(super) struct Vol {
     pub logbufs: std::sync::atomic::AtomicUsize,
     /// Home writes of journaled data in flight (`fs::jdata`).
     pub home: Arc<super::jdata::HomeWrites>,
-    pub st: Mutex<State>,
+    /// Taken spinning before sleeping (`crate::spin`): every namespace operation,
+    /// write and close holds it for a few microseconds.
+    pub st: crate::spin::SpinMutex<State>,
     pub icache: Mutex<super::icache::InodeCache>,
     /// The metadata tree (`fs::checkpoint`); only checkpoints take it, before `st`.
     pub tree: Mutex<Option<super::checkpoint::MetaTree>>,
@@ -990,7 +992,7 @@ impl<'a> Truncating<'a> {
 
 impl Drop for Truncating<'_> {
     fn drop(&mut self) {
-        let mut st = self.vol.lock_st();
+        let mut st = self.vol.st.lock();
         match st.truncating.get_mut(&self.ino) {
             Some(n) if *n > 1 => *n -= 1,
             Some(_) => {
@@ -1006,12 +1008,6 @@ impl Drop for Truncating<'_> {
 }
 
 impl Vol {
-    /// The state lock, taken spinning before sleeping (`crate::spin`): every
-    /// namespace operation, write and close holds it for a few microseconds.
-    pub(super) fn lock_st(&self) -> parking_lot::MutexGuard<'_, State> {
-        crate::spin::lock(&self.st)
-    }
-
     /// Wait until no truncation of `ino` (None: of any inode) is in progress.
     pub(super) fn wait_truncations(
         &self,
@@ -1045,7 +1041,7 @@ impl AddressSpaceOps for Aops {
             // are space about to come back; commit it and try once more.
             Err(BlkError::NoSpace) => {
                 let vol = self.vol()?;
-                if vol.lock_st().meta.alloc.deferred_blocks() == 0 {
+                if vol.st.lock().meta.alloc.deferred_blocks() == 0 {
                     return Err(BlkError::NoSpace);
                 }
                 vol.commit_and_release().map_err(|_| BlkError::NoSpace)?;
@@ -1057,7 +1053,7 @@ impl AddressSpaceOps for Aops {
 
     fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError> {
         let vol = self.vol()?;
-        let mut st = vol.lock_st();
+        let mut st = vol.st.lock();
         let st = &mut *st;
         // An inode with pages is in memory: not there, it is deleted.
         let (i, alloc) = st.meta.resident_with_alloc(ino);
@@ -1139,7 +1135,7 @@ impl AddressSpaceOps for Aops {
 
     fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError> {
         let vol = self.vol()?;
-        let st = vol.lock_st();
+        let st = vol.st.lock();
         let Some(i) = st.meta.find(ino).map_err(|_| BlkError::Io)? else {
             return Err(BlkError::Invalid(format!("inode {ino} was deleted")));
         };
@@ -1184,7 +1180,7 @@ impl AddressSpaceOps for Aops {
         }
         let now = vol.clock.now_ns();
         let gen = vol.barrier_started.load(Ordering::Acquire);
-        let mut st = vol.lock_st();
+        let mut st = vol.st.lock();
         let blk = sector / SECTORS_PER_BLOCK;
         if status.is_ok() && !st.jblocks.is_empty() {
             // Written in place over a block the journal holds an older copy of (this
@@ -1276,7 +1272,7 @@ impl Aops {
     fn try_prepare_write(&self, ino: u64, index: u64, n: u64) -> BlkResult {
         let vol = self.vol()?;
         let now = vol.clock.now_ns();
-        let mut st = vol.lock_st();
+        let mut st = vol.st.lock();
         if st.aborted.is_some() {
             return Err(BlkError::Io);
         }
@@ -1337,6 +1333,24 @@ pub(super) fn errno_result(e: i32) -> FsResult<()> {
     }
 }
 
+/// What an open that may create finds at a path (`Vol::resolve_for_create`).
+enum Resolved {
+    Found(u64),
+    Missing { dir: u64, name: Vec<u8> },
+}
+
+/// A last component a create may make: not "..", a valid name.
+fn creatable(path: &str, last: &[u8]) -> FsResult<()> {
+    if last == b".." {
+        return Err(ends_in_dotdot(path));
+    }
+    check_name(last)
+}
+
+fn ends_in_dotdot(path: &str) -> FsError {
+    FsError::Invalid(format!("{path:?} ends in \"..\""))
+}
+
 /// Split a path into its components (empty ones and "." dropped).
 fn components(path: &str) -> Vec<&[u8]> {
     path.split('/')
@@ -1395,7 +1409,7 @@ impl Vol {
             if r.is_ok() {
                 break r;
             }
-            let misses = self.lock_st().meta.take_misses();
+            let misses = self.st.lock().meta.take_misses();
             // Each rerun that misses only inodes not read back yet made progress (an
             // operation may meet its inodes one at a time); one that misses an inode
             // read back and pinned already is not going to do better.
@@ -1411,7 +1425,7 @@ impl Vol {
             pinned.extend(misses);
         };
         if !pinned.is_empty() {
-            self.lock_st().meta.unpin(&pinned);
+            self.st.lock().meta.unpin(&pinned);
         }
         r
     }
@@ -1420,7 +1434,7 @@ impl Vol {
     /// kept there until `Meta::unpin`.
     pub(super) fn read_back(&self, inos: Option<&[u64]>, pin: bool) -> FsResult<()> {
         let src = {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             if let (true, Some(i)) = (pin, inos) {
                 st.meta.pin(i);
             }
@@ -1434,7 +1448,7 @@ impl Vol {
                 Some(i) => src.read_inodes(i),
                 None => src.read_all(),
             };
-            if self.lock_st().meta.install(read, inos)? {
+            if self.st.lock().meta.install(read, inos)? {
                 return Ok(());
             }
             // A checkpoint made a new root durable during the read, and the old one's
@@ -1525,13 +1539,43 @@ impl Vol {
         let Some(last) = comps.pop() else {
             return Err(FsError::Invalid(format!("{path:?} names the root")));
         };
-        if last == b".." {
-            return Err(FsError::Invalid(format!("{path:?} ends in \"..\"")));
-        }
         let mut budget = MAX_SYMLINKS;
         let dir = self.walk(st, ROOT_INO, &comps, &mut budget, path)?;
-        check_name(last)?;
+        creatable(path, last)?;
         Ok((dir, last.to_vec()))
+    }
+
+    /// `resolve` (following the last component) for an open that may create: a name
+    /// the path's directory lacks comes back with that directory, from the same walk,
+    /// where it would be made (as `resolve_parent` gives it).
+    fn resolve_for_create(&self, st: &State, path: &str) -> FsResult<Resolved> {
+        let mut comps = components(path);
+        let Some(last) = comps.pop() else {
+            return Ok(Resolved::Found(ROOT_INO));
+        };
+        let mut budget = MAX_SYMLINKS;
+        let dir = match self.walk(st, ROOT_INO, &comps, &mut budget, path) {
+            // As resolve_parent reports it: a path ending in ".." before a missing
+            // directory on the way.
+            Err(FsError::NotFound(_)) if last == b".." => return Err(ends_in_dotdot(path)),
+            r => r?,
+        };
+        let missing = || {
+            creatable(path, last)?;
+            Ok(Resolved::Missing {
+                dir,
+                name: last.to_vec(),
+            })
+        };
+        match st.lookup(dir, last) {
+            Err(FsError::NotFound(_)) => missing(),
+            Err(e) => Err(e),
+            // A symlink to nothing: the create is tried at the link's name.
+            Ok(ino) => match self.follow(st, dir, ino, &mut budget, path) {
+                Err(FsError::NotFound(_)) => missing(),
+                r => r.map(Resolved::Found),
+            },
+        }
     }
 
     /// Follow `comps` from `start`, following every symlink met (each costs budget).
@@ -1752,7 +1796,7 @@ impl Vol {
     }
 
     pub(super) fn unlink_at(&self, dir: u64, name: &[u8], rmdir: bool) -> FsResult<()> {
-        let mut st = self.lock_st();
+        let mut st = self.st.lock();
         st.check_writable()?;
         let ino = st.lookup(dir, name)?;
         if name == b"." || name == b".." {
@@ -1780,7 +1824,7 @@ impl Vol {
         nd: u64,
         nn: &[u8],
     ) -> FsResult<()> {
-        let mut st = self.lock_st();
+        let mut st = self.st.lock();
         st.check_writable()?;
         check_name(nn)?;
         let ino = st.lookup(od, on)?;
@@ -1854,7 +1898,7 @@ impl Vol {
         o: &OpenOptions,
         created: bool,
     ) -> FsResult<File> {
-        let mapping = self.open_locked(&mut self.lock_st(), ino, o)?;
+        let mapping = self.open_locked(&mut self.st.lock(), ino, o)?;
         self.open_file(ino, mapping, o, created)
     }
 
@@ -1919,7 +1963,7 @@ impl Vol {
     }
 
     fn release(self: &Arc<Self>, ino: u64, mapping: &Arc<Mapping>) -> FsResult<()> {
-        let mut st = self.lock_st();
+        let mut st = self.st.lock();
         let Some(l) = st.live.get_mut(&ino) else {
             return Ok(());
         };
@@ -1964,7 +2008,7 @@ impl Vol {
         size: u64,
     ) -> FsResult<()> {
         let _truncating = {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             st.check_writable()?;
             Truncating::start(self, &mut st, ino)
         };
@@ -1988,7 +2032,7 @@ impl Vol {
             // flush_on_close may have been switched off since a truncation was
             // deferred: a pending one is resolved here either way.
             let foc = self.flush_on_close.load(Ordering::Relaxed);
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             st.check_writable()?;
             let has_disk = !st.inode(ino)?.extents.is_empty();
             let l = st.live.entry(ino).or_default();
@@ -2025,7 +2069,7 @@ impl Vol {
         }
         let now = self.now();
         let cow = {
-            let mut st = self.lock_st();
+            let mut st = self.st.lock();
             st.check_writable()?;
             let disk = st.inode(ino)?.size;
             let keep = size.div_ceil(PAGE);
@@ -2116,7 +2160,7 @@ impl Volume {
     /// Look a path up (following symlinks) and return its inode number.
     pub fn lookup_path(&self, path: &str) -> FsResult<u64> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             self.vol.resolve(&st, path, true)
         })
     }
@@ -2124,12 +2168,12 @@ impl Volume {
     /// `name` in directory `dir` (inode-level lookup, as FUSE asks).
     pub fn lookup(&self, dir: u64, name: &str) -> FsResult<u64> {
         self.vol
-            .faulting(|| self.vol.lock_st().lookup(dir, name.as_bytes()))
+            .faulting(|| self.vol.st.lock().lookup(dir, name.as_bytes()))
     }
 
     pub fn stat(&self, path: &str) -> FsResult<Stat> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, true)?;
             self.vol.stat_of(&st, ino)
         })
@@ -2138,7 +2182,7 @@ impl Volume {
     /// stat without following a symlink in the last component.
     pub fn lstat(&self, path: &str) -> FsResult<Stat> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, false)?;
             self.vol.stat_of(&st, ino)
         })
@@ -2146,14 +2190,14 @@ impl Volume {
 
     pub fn stat_ino(&self, ino: u64) -> FsResult<Stat> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             self.vol.stat_of(&st, ino)
         })
     }
 
     pub fn mkdir(&self, path: &str, mode: u32) -> FsResult<u64> {
         self.vol.faulting(|| {
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             let (dir, name) = self.vol.resolve_parent(&st, path)?;
             self.vol
                 .create_node(&mut st, dir, &name, InodeKind::Dir, mode, None)
@@ -2163,7 +2207,7 @@ impl Volume {
     /// mkdir -p: every missing directory of `path`, in one walk.
     pub fn mkdir_all(&self, path: &str, mode: u32) -> FsResult<()> {
         self.vol.faulting(|| {
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             let mut cur = ROOT_INO;
             let mut budget = MAX_SYMLINKS;
             for c in components(path) {
@@ -2188,7 +2232,7 @@ impl Volume {
 
     pub fn symlink(&self, target: &str, path: &str) -> FsResult<u64> {
         self.vol.faulting(|| {
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             let (dir, name) = self.vol.resolve_parent(&st, path)?;
             self.vol.create_node(
                 &mut st,
@@ -2203,7 +2247,7 @@ impl Volume {
 
     pub fn readlink(&self, path: &str) -> FsResult<String> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, false)?;
             let i = st.inode(ino)?;
             if i.kind != InodeKind::Symlink {
@@ -2216,7 +2260,7 @@ impl Volume {
     /// A hard link `new` to the file at `existing`.
     pub fn link(&self, existing: &str, new: &str) -> FsResult<()> {
         self.vol.faulting(|| {
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             st.check_writable()?;
             let ino = self.vol.resolve(&st, existing, false)?;
             if st.inode(ino)?.is_dir() {
@@ -2240,7 +2284,7 @@ impl Volume {
     pub fn unlink(&self, path: &str) -> FsResult<()> {
         self.vol.faulting(|| {
             let (dir, name) = {
-                let st = self.vol.lock_st();
+                let st = self.vol.st.lock();
                 self.vol.resolve_parent(&st, path)?
             };
             self.vol.unlink_at(dir, &name, false)
@@ -2250,7 +2294,7 @@ impl Volume {
     pub fn rmdir(&self, path: &str) -> FsResult<()> {
         self.vol.faulting(|| {
             let (dir, name) = {
-                let st = self.vol.lock_st();
+                let st = self.vol.st.lock();
                 self.vol.resolve_parent(&st, path)?
             };
             self.vol.unlink_at(dir, &name, true)
@@ -2261,7 +2305,7 @@ impl Volume {
     pub fn rename(&self, from: &str, to: &str) -> FsResult<()> {
         self.vol.faulting(|| {
             let ((od, on), (nd, nn)) = {
-                let st = self.vol.lock_st();
+                let st = self.vol.st.lock();
                 (
                     self.vol.resolve_parent(&st, from)?,
                     self.vol.resolve_parent(&st, to)?,
@@ -2273,7 +2317,7 @@ impl Volume {
 
     pub fn readdir(&self, path: &str) -> FsResult<Vec<DirEntry>> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, true)?;
             let d = st.inode(ino)?;
             if !d.is_dir() {
@@ -2301,7 +2345,7 @@ impl Volume {
     pub fn set_attr(&self, path: &str, a: &SetAttr) -> FsResult<Stat> {
         self.vol.faulting(|| {
             let ino = {
-                let st = self.vol.lock_st();
+                let st = self.vol.st.lock();
                 self.vol.resolve(&st, path, true)?
             };
             let at = |t: Option<u64>| t.map(super::ops::TimeSet::At);
@@ -2323,36 +2367,18 @@ impl Volume {
     pub fn open(&self, path: &str, o: &OpenOptions) -> FsResult<File> {
         self.vol.faulting(|| {
             let (ino, created, mapping) = {
-                let mut st = self.vol.lock_st();
-                // A create of a new name walks the path once, to the parent, under the
-                // state lock every namespace operation waits for; any other outcome
-                // (an existing name, a symlink, a path without a parent) takes the
-                // full resolution below, as before.
-                let new_name = if o.create {
-                    match self.vol.resolve_parent(&st, path) {
-                        Ok((dir, name)) => {
-                            matches!(st.lookup(dir, &name), Err(FsError::NotFound(_)))
-                                .then_some((dir, name))
-                        }
-                        Err(_) => None,
-                    }
+                let mut st = self.vol.st.lock();
+                let found = if o.create {
+                    self.vol.resolve_for_create(&st, path)?
                 } else {
-                    None
+                    Resolved::Found(self.vol.resolve(&st, path, true)?)
                 };
-                let resolved = match new_name {
-                    Some(_) => Err(FsError::NotFound(path.to_string())),
-                    None => self.vol.resolve(&st, path, true),
-                };
-                let (ino, created) = match resolved {
-                    Ok(_) if o.create && o.exclusive => {
+                let (ino, created) = match found {
+                    Resolved::Found(_) if o.create && o.exclusive => {
                         return Err(FsError::Exists(path.to_string()));
                     }
-                    Ok(ino) => (ino, false),
-                    Err(FsError::NotFound(_)) if o.create => {
-                        let (dir, name) = match new_name {
-                            Some(parent) => parent,
-                            None => self.vol.resolve_parent(&st, path)?,
-                        };
+                    Resolved::Found(ino) => (ino, false),
+                    Resolved::Missing { dir, name } => {
                         let ino = self.vol.create_node(
                             &mut st,
                             dir,
@@ -2363,7 +2389,6 @@ impl Volume {
                         )?;
                         (ino, true)
                     }
-                    Err(e) => return Err(e),
                 };
                 (ino, created, self.vol.open_locked(&mut st, ino, o)?)
             };
@@ -2377,7 +2402,7 @@ impl Volume {
     }
 
     pub fn statfs(&self) -> StatFs {
-        let st = self.vol.lock_st();
+        let st = self.vol.st.lock();
         let (total, free, avail) = st.meta.alloc.statfs();
         StatFs {
             block_size: PAGE,
@@ -2390,7 +2415,7 @@ impl Volume {
 
     /// The inode cache's counts (`fs::icache`).
     pub fn inode_cache_stats(&self) -> InodeCacheStats {
-        let st = self.vol.lock_st();
+        let st = self.vol.st.lock();
         let ic = self.vol.icache.lock();
         let m = st.meta.cache_stats();
         InodeCacheStats {
@@ -2438,7 +2463,7 @@ impl Volume {
     pub fn drop_cache(&self, path: &str) -> FsResult<bool> {
         self.vol.faulting(|| {
             let (ino, m) = {
-                let st = self.vol.lock_st();
+                let st = self.vol.st.lock();
                 let ino = self.vol.resolve(&st, path, true)?;
                 if st.live.get(&ino).is_some_and(|l| l.open > 0) {
                     return Ok(false);
@@ -2447,7 +2472,7 @@ impl Volume {
             };
             self.vol
                 .fsync_ino(ino, &m, false, &Mutex::new(m.wb_err().sample()))?;
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             if st.live.get(&ino).is_some_and(|l| l.open > 0) || m.nr_dirty() > 0 {
                 return Ok(false);
             }
@@ -2463,7 +2488,7 @@ impl Volume {
     /// the cache's own view, e.g. its legacy error bit).
     pub fn mapping_of(&self, path: &str) -> FsResult<Arc<Mapping>> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, true)?;
             self.vol.mapping(&st, ino)
         })
@@ -2473,7 +2498,7 @@ impl Volume {
     /// Blocks still being written (or only reserved) are not listed.
     pub fn fiemap(&self, path: &str) -> FsResult<Vec<(u64, u64, u64)>> {
         self.vol.faulting(|| {
-            let st = self.vol.lock_st();
+            let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, true)?;
             Ok(st
                 .inode(ino)?
@@ -2501,7 +2526,7 @@ impl Volume {
             if let Err(e) = self.vol.read_back(None, false) {
                 return vec![format!("reading the inodes back: {e}")];
             }
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             if st.meta.resident_inodes().len() as u64 == st.meta.nr_inodes() {
                 return match &nodes {
                     Some(b) if !st.meta.tree_blocks_known => st.meta.check_with_nodes(b),
@@ -2566,7 +2591,7 @@ impl File {
 
     /// Free blocks not reserved by delayed allocation (fallocate's space check).
     pub(super) fn volume_available_blocks(&self) -> u64 {
-        self.vol.lock_st().meta.alloc.statfs().2
+        self.vol.st.lock().meta.alloc.statfs().2
     }
 
     pub fn size(&self) -> u64 {
@@ -2574,7 +2599,7 @@ impl File {
     }
 
     pub fn stat(&self) -> FsResult<Stat> {
-        let st = self.vol.lock_st();
+        let st = self.vol.st.lock();
         self.vol.stat_of(&st, self.ino)
     }
 
@@ -2639,7 +2664,7 @@ impl File {
     pub fn flush_on_close(&self) -> FsResult<()> {
         self.usable()?;
         let kick = {
-            let mut st = self.vol.lock_st();
+            let mut st = self.vol.st.lock();
             st.live
                 .get_mut(&self.ino)
                 .is_some_and(|l| std::mem::take(&mut l.da_alloc_close))
