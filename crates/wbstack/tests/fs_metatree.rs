@@ -212,3 +212,53 @@ fn the_name_hash_is_part_of_the_format() {
     assert_eq!(metatree::name_hash(0, b"a"), 8_287_239_715_489_839_318);
     assert!(metatree::name_hash(1, b"") >= 2);
 }
+
+/// A file's mapping notes the keys it changes and no other: a new file's first run is
+/// one put, a run that grows the one before it rewrites that one, and a run that joins
+/// the next deletes the next's key. A key noted that never held a value cost every
+/// new small file a deletion's descent of the tree at its checkpoint.
+#[test]
+fn mapping_a_file_notes_only_the_extent_keys_it_changes() {
+    let mut meta = Meta::mkfs(DATA_START, NR_BLOCKS, 1, 9);
+    let create = Record::Create {
+        ino: 2,
+        kind: InodeKind::File,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        time_ns: 1,
+    };
+    meta.apply(&create, ApplyMode::Replay).unwrap();
+    meta.track_changes(true);
+    let map = |file_block: u64| Record::MapExtent {
+        ino: 2,
+        file_block,
+        start: 500 + file_block,
+        len: 1,
+    };
+    let extent_ops = |meta: &mut Meta| -> Vec<(&'static str, u64)> {
+        let ch = meta.take_changes();
+        metatree::ops(meta, ch)
+            .into_iter()
+            .filter_map(|op| match op {
+                TreeOp::Put(k, _) if k.len() == 18 && k[9] == 2 => {
+                    Some(("put", u64::from_be_bytes(k[10..18].try_into().unwrap())))
+                }
+                TreeOp::Del(k) if k.len() == 18 && k[9] == 2 => {
+                    Some(("del", u64::from_be_bytes(k[10..18].try_into().unwrap())))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    meta.apply(&map(0), ApplyMode::Replay).unwrap();
+    assert_eq!(extent_ops(&mut meta), [("put", 0)]);
+    // Grows the run at 0.
+    meta.apply(&map(1), ApplyMode::Replay).unwrap();
+    assert_eq!(extent_ops(&mut meta), [("put", 0)]);
+    // A run of its own at 3, then 2 joins 0..2 and 3.
+    meta.apply(&map(3), ApplyMode::Replay).unwrap();
+    assert_eq!(extent_ops(&mut meta), [("put", 3)]);
+    meta.apply(&map(2), ApplyMode::Replay).unwrap();
+    assert_eq!(extent_ops(&mut meta), [("put", 0), ("del", 3)]);
+}

@@ -20,7 +20,7 @@
 //! close: the close holds `st` only to sort the keys.
 
 use super::meta::{Changes, Inode, Meta};
-use super::metatree::{changed_inodes, Captured};
+use super::metatree::{changed_inodes, Captured, KeyCursor};
 
 /// Inodes the committer copies per hold of `st`: about 1 ms of lookups.
 pub const CAPTURE_BATCH: usize = 4096;
@@ -35,6 +35,8 @@ pub struct PendingCapture {
     inodes: Option<Vec<u64>>,
     /// The committer has been through `inodes[..next]`.
     next: usize,
+    /// Where the committer's copies left off in `changes`.
+    at: KeyCursor,
     out: Captured,
     /// What the capture under `st` at the close would have taken, to check against.
     #[cfg(debug_assertions)]
@@ -53,6 +55,7 @@ impl PendingCapture {
             changes,
             inodes: None,
             next: 0,
+            at: KeyCursor::default(),
             out,
             #[cfg(debug_assertions)]
             expect,
@@ -71,7 +74,10 @@ impl PendingCapture {
             .as_ref()
             .is_some_and(|v| v.get(self.next).is_none_or(|&n| ino < n));
         if !passed {
-            self.out.take_inode(&self.changes, self.seed, ino, i);
+            // Out of the committer's order: its own search, from the start.
+            let mut at = KeyCursor::default();
+            self.out
+                .take_inode(&self.changes, &mut at, self.seed, ino, i);
         }
     }
 
@@ -97,7 +103,8 @@ impl PendingCapture {
                 self.gen
             );
             if g == Some(self.gen) {
-                self.out.take_inode(&self.changes, self.seed, ino, get(ino));
+                self.out
+                    .take_inode(&self.changes, &mut self.at, self.seed, ino, get(ino));
             }
         }
         self.next = end;

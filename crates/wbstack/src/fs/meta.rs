@@ -818,20 +818,27 @@ impl Meta {
                         merged += 1;
                     }
                 }
+                let mut swallowed_next = false;
                 if let Some(&(ns, nl)) = i.extents.get(&(fb + len)) {
                     if ns == start + len {
                         i.extents.remove(&(fb + len));
                         l0 += nl;
                         merged += 1;
+                        swallowed_next = true;
                     }
                 }
                 i.extents.insert(f0, (s0, l0));
                 self.image_bytes.add(EXTENT_BYTES);
                 self.image_bytes.sub(merged * EXTENT_BYTES);
-                // The merged run's key, and the keys of the runs it swallowed.
+                // The keys this record changed: the merged run's (the run before's, when
+                // it grew), and the next run's when it was swallowed. `fb` itself is a
+                // key only when it is `f0`: nothing was mapped there (checked above). A
+                // key noted that never held a value costs the checkpoint a deletion's
+                // descent of the tree for nothing: that was one per new small file.
                 self.note_extent(ino, f0);
-                self.note_extent(ino, fb);
-                self.note_extent(ino, fb + len);
+                if swallowed_next {
+                    self.note_extent(ino, fb + len);
+                }
             }
             Record::SetTarget { ino, target } => {
                 let i = self.get_mut(*ino)?;

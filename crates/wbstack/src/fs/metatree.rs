@@ -229,6 +229,7 @@ pub struct Captured {
 /// The values now of the keys `ch` names.
 pub fn capture(meta: &Meta, mut ch: Changes) -> Captured {
     let mut out = Captured::start(meta, &mut ch);
+    let mut at = KeyCursor::default();
     for ino in changed_inodes(&ch) {
         // Every changed inode is in memory (`fs::inodes`), or deleted: none is read back.
         let i = meta.resident(ino);
@@ -236,7 +237,7 @@ pub fn capture(meta: &Meta, mut ch: Changes) -> Captured {
             i.is_some() || !meta.is_lazy() || meta.is_changed(ino),
             "inode {ino} has a change to write but left memory"
         );
-        out.take_inode(&ch, meta.name_seed, ino, i);
+        out.take_inode(&ch, &mut at, meta.name_seed, ino, i);
     }
     out
 }
@@ -257,11 +258,56 @@ pub(super) fn changed_inodes(ch: &Changes) -> Vec<u64> {
     v
 }
 
-/// The entries of a settled (sorted) list that belong to inode `ino`.
-fn of_inode<T>(v: &[T], ino: u64, key: impl Fn(&T) -> u64) -> &[T] {
-    let lo = v.partition_point(|e| key(e) < ino);
-    let hi = lo + v[lo..].partition_point(|e| key(e) == ino);
+/// Where `take_inode` left off in each settled list of a `Changes`: a capture takes
+/// inodes in increasing order, so each list is walked once, with a gallop from the
+/// last place, instead of a binary search of the whole list per inode and kind (at
+/// the mount of a journal of half a million creates those searches, a cache miss per
+/// step, were 29% of the mount's checkpoint).
+#[derive(Default)]
+pub(super) struct KeyCursor {
+    inodes: usize,
+    extents: usize,
+    dirents: usize,
+    targets: usize,
+    xattrs: usize,
+}
+
+/// The first index of sorted `v` whose key is not below `ino`. `from` is a guess that
+/// only ever stands below it: a gallop from there when everything before `from` is
+/// below `ino` (a walk in increasing order), else a binary search of the whole list.
+fn seek<T>(v: &[T], from: usize, ino: u64, key: &impl Fn(&T) -> u64) -> usize {
+    if from > v.len() || (from > 0 && key(&v[from - 1]) >= ino) {
+        return v.partition_point(|e| key(e) < ino);
+    }
+    // Everything below `lo` is below `ino`.
+    let mut lo = from;
+    let mut step = 1;
+    while lo + step <= v.len() && key(&v[lo + step - 1]) < ino {
+        lo += step;
+        step *= 2;
+    }
+    let hi = (lo + step).min(v.len());
+    lo + v[lo..hi].partition_point(|e| key(e) < ino)
+}
+
+/// The entries of a settled (sorted) list that belong to inode `ino`; `at` moves past
+/// them.
+fn of_inode<'v, T>(v: &'v [T], at: &mut usize, ino: u64, key: impl Fn(&T) -> u64) -> &'v [T] {
+    let lo = seek(v, *at, ino, &key);
+    let hi = match ino.checked_add(1) {
+        Some(next) => seek(v, lo, next, &key),
+        None => v.len(),
+    };
+    *at = hi;
     &v[lo..hi]
+}
+
+/// Whether sorted `v` holds `ino`; `at` moves past it.
+fn holds(v: &[u64], at: &mut usize, ino: u64) -> bool {
+    let lo = seek(v, *at, ino, &|&x| x);
+    let found = v.get(lo) == Some(&ino);
+    *at = lo + usize::from(found);
+    found
 }
 
 impl Captured {
@@ -289,11 +335,12 @@ impl Captured {
             space: meta.space_record(),
             next_ino: meta.next_ino,
             deleted: std::mem::take(&mut ch.deleted),
-            inodes: Vec::new(),
-            extents: Vec::new(),
-            dirents: Vec::new(),
-            targets: Vec::new(),
-            xattrs: Vec::new(),
+            // A value per key (dirents: at most), so no list grows by copying itself.
+            inodes: Vec::with_capacity(ch.inodes.len()),
+            extents: Vec::with_capacity(ch.extents.len()),
+            dirents: Vec::with_capacity(ch.dirents.len()),
+            targets: Vec::with_capacity(ch.targets.len()),
+            xattrs: Vec::with_capacity(ch.xattrs.len()),
             orphans: std::mem::take(&mut ch.orphans)
                 .into_iter()
                 .map(|ino| Now {
@@ -305,21 +352,30 @@ impl Captured {
     }
 
     /// Inode `ino`'s keys that `ch` (settled by `start`) names, as `i` holds them now
-    /// (none: deleted). Every key of one inode comes from one call.
-    pub(super) fn take_inode(&mut self, ch: &Changes, seed: u64, ino: u64, i: Option<&Inode>) {
-        if ch.inodes.binary_search(&ino).is_ok() {
+    /// (none: deleted). Every key of one inode comes from one call. `at`: where the
+    /// last call left off (calls in increasing inode order cost least; any order is
+    /// right).
+    pub(super) fn take_inode(
+        &mut self,
+        ch: &Changes,
+        at: &mut KeyCursor,
+        seed: u64,
+        ino: u64,
+        i: Option<&Inode>,
+    ) {
+        if holds(&ch.inodes, &mut at.inodes, ino) {
             self.inodes.push(Now {
                 key: ino,
                 value: i.map(encode_core),
             });
         }
-        for &(_, fb) in of_inode(&ch.extents, ino, |e| e.0) {
+        for &(_, fb) in of_inode(&ch.extents, &mut at.extents, ino, |e| e.0) {
             self.extents.push(Now {
                 key: (ino, fb),
                 value: i.and_then(|i| i.extents.get(&fb).copied()),
             });
         }
-        for (_, name) in of_inode(&ch.dirents, ino, |d| d.0) {
+        for (_, name) in of_inode(&ch.dirents, &mut at.dirents, ino, |d| d.0) {
             let hash = name_hash(seed, name);
             let value = i
                 .and_then(|d| d.entries.entry_at(hash, name))
@@ -333,7 +389,7 @@ impl Captured {
                 value,
             });
         }
-        if ch.targets.binary_search(&ino).is_ok() {
+        if holds(&ch.targets, &mut at.targets, ino) {
             self.targets.push(Now {
                 key: ino,
                 // A symlink's target is empty only between its create and its SetTarget.
@@ -342,7 +398,7 @@ impl Captured {
                     .map(|i| i.target.clone()),
             });
         }
-        for (_, name) in of_inode(&ch.xattrs, ino, |x| x.0) {
+        for (_, name) in of_inode(&ch.xattrs, &mut at.xattrs, ino, |x| x.0) {
             self.xattrs.push(Now {
                 key: XattrAt {
                     ino,
@@ -450,6 +506,9 @@ impl OpChunks {
     /// inode's keys are of one kind each, and a deleted inode has no value left to put.
     pub fn next_chunk(&mut self, max: usize) -> Option<Vec<TreeOp>> {
         let mut ops = std::mem::take(&mut self.head);
+        // A chunk is about `max` operations: sized once (a few over, for the last
+        // key's chunked value), not doubled up to it.
+        ops.reserve(max.min(2 * APPLY_CHUNK) + 4);
         while ops.len() < max {
             for kind in 0..KINDS {
                 self.fill(kind);
@@ -1107,4 +1166,44 @@ pub fn decode_root(b: &[u8]) -> Result<RootRecord, MetaError> {
         root,
         space: Some(SpaceRecord { nr_inodes, free }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A walk of `of_inode` and `holds` with one cursor, in any order of inodes,
+        /// finds what a binary search of the whole list finds.
+        #[test]
+        fn the_cursor_finds_what_a_search_finds(
+            mut list in prop::collection::vec(0u64..200, 0..300),
+            mut asks in prop::collection::vec(0u64..210, 0..60),
+            in_order in any::<bool>(),
+        ) {
+            list.sort_unstable();
+            if in_order {
+                asks.sort_unstable();
+            }
+            let pairs: Vec<(u64, u64)> = list.iter().enumerate().map(|(n, &i)| (i, n as u64)).collect();
+            let mut set = list.clone();
+            set.dedup();
+            let (mut at_pairs, mut at_set) = (0, 0);
+            for ino in asks {
+                let lo = pairs.partition_point(|p| p.0 < ino);
+                let hi = pairs.partition_point(|p| p.0 <= ino);
+                prop_assert_eq!(of_inode(&pairs, &mut at_pairs, ino, |p| p.0), &pairs[lo..hi]);
+                prop_assert_eq!(holds(&set, &mut at_set, ino), set.binary_search(&ino).is_ok());
+            }
+        }
+    }
+
+    #[test]
+    fn the_last_inode_number_has_no_successor_to_seek() {
+        let v = [(u64::MAX - 1, 0u64), (u64::MAX, 1), (u64::MAX, 2)];
+        let mut at = 0;
+        assert_eq!(of_inode(&v, &mut at, u64::MAX, |p| p.0), &v[1..]);
+        assert_eq!(at, 3);
+    }
 }
