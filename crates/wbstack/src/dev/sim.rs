@@ -47,8 +47,8 @@ use crate::clock::{ClockRef, NSEC_PER_MSEC, NSEC_PER_SEC, NSEC_PER_USEC};
 use parking_lot::{Mutex, ReentrantMutex};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rustc_hash::FxHashMap;
 use std::any::Any;
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -382,7 +382,7 @@ impl Model {
 
 /// The durable contents of the chunks written since the last flush (None: absent, reads
 /// as zeros). The durable image is `current` with these put back.
-type UndoLog = HashMap<u64, Option<Chunk>>;
+type UndoLog = FxHashMap<u64, Option<Chunk>>;
 
 /// The media contents, touched only when requests complete (in due order) and by
 /// power cuts.
@@ -829,7 +829,7 @@ impl SimDevice {
             seed,
             data: Mutex::new(Data {
                 current: SparseStore::new(),
-                undo: HashMap::new(),
+                undo: FxHashMap::default(),
                 unflushed: Vec::new(),
                 dark: false,
                 epoch: 0,

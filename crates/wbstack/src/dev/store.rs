@@ -5,7 +5,7 @@
 //! shares unchanged chunks with the live image, and a write copies only the chunk it
 //! touches.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 pub const CHUNK: usize = 4096;
@@ -15,7 +15,7 @@ pub type Chunk = Arc<[u8; CHUNK]>;
 
 #[derive(Clone, Default)]
 pub struct SparseStore {
-    chunks: HashMap<u64, Chunk>,
+    chunks: FxHashMap<u64, Chunk>,
 }
 
 impl SparseStore {

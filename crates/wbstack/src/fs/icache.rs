@@ -25,7 +25,7 @@
 
 use super::lazylru::LazyLru;
 use crate::mm::cache::Mapping;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// The limit the mount option `inode_cache` defaults to: the kernel's inode hash table
@@ -73,7 +73,7 @@ pub(super) struct RestEpoch {
 }
 
 pub(super) struct InodeCache {
-    map: HashMap<u64, Slot>,
+    map: FxHashMap<u64, Slot>,
     /// Unused inodes without pages, oldest first.
     lru: LazyLru,
     limit: usize,
@@ -89,7 +89,7 @@ pub(super) struct InodeCache {
 impl InodeCache {
     pub fn new(limit: usize) -> InodeCache {
         InodeCache {
-            map: HashMap::new(),
+            map: FxHashMap::default(),
             lru: LazyLru::new(),
             limit,
             evicted: 0,

@@ -23,8 +23,9 @@
 use super::cowcapture::PendingCapture;
 use super::error::FsError;
 use super::meta::{Inode, MetaError, ROOT_INO};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Where inodes not in memory are read from: the metadata tree's durable root. Called
@@ -80,7 +81,7 @@ pub const PASS_BUDGET: usize = 16384;
 const REST_SLACK: usize = PASS_BUDGET;
 
 pub struct Inodes {
-    map: HashMap<u64, Box<Inode>>,
+    map: FxHashMap<u64, Box<Inode>>,
     /// None: every inode is in memory, and nothing is dropped.
     source: Option<Arc<dyn InodeSource>>,
     /// Inodes that came into memory (created or read back), oldest first: the order
@@ -89,13 +90,13 @@ pub struct Inodes {
     /// Inodes read back for an operation that runs again (`Vol::faulting`), kept in
     /// memory until it has (counts: operations nest). Else prunes elsewhere could drop
     /// them again before the rerun, every time.
-    pins: HashMap<u64, u32>,
+    pins: FxHashMap<u64, u32>,
     /// Inodes read back and not found (deleted, or never made): numbers are never
     /// used twice, so they stay gone. Forgotten past `ABSENT_MAX`, to be read again.
-    absent: HashSet<u64>,
+    absent: FxHashSet<u64>,
     /// Inodes changed (or deleted) since the last durable checkpoint: the generation
     /// their last change goes out with.
-    changed: HashMap<u64, u64>,
+    changed: FxHashMap<u64, u64>,
     /// The generation changes are stamped with now.
     gen: u64,
     /// Inodes stamped with `gen`: what the next checkpoint must write before any of
@@ -147,14 +148,14 @@ impl std::fmt::Debug for Inodes {
 
 impl Inodes {
     /// All of these inodes, in memory for good.
-    pub fn new(map: HashMap<u64, Box<Inode>>) -> Inodes {
+    pub fn new(map: FxHashMap<u64, Box<Inode>>) -> Inodes {
         Inodes {
             map,
             source: None,
             order: VecDeque::new(),
-            absent: HashSet::new(),
-            pins: HashMap::new(),
-            changed: HashMap::new(),
+            absent: FxHashSet::default(),
+            pins: FxHashMap::default(),
+            changed: FxHashMap::default(),
             gen: 1,
             open_changed: 0,
             durable_gen: 0,
@@ -264,7 +265,7 @@ impl Inodes {
             if self.absent.len() > ABSENT_MAX {
                 self.absent.clear();
             }
-            let there: HashSet<u64> = found.iter().map(|(ino, _)| *ino).collect();
+            let there: FxHashSet<u64> = found.iter().map(|(ino, _)| *ino).collect();
             self.absent.extend(
                 asked
                     .iter()
@@ -442,7 +443,7 @@ impl Inodes {
 
     /// Every inode in memory (all of them unless the cache is lazy).
     /// Read only: a change must come through `note_changed` first (`fs::cowcapture`).
-    pub fn all_resident(&self) -> &HashMap<u64, Box<Inode>> {
+    pub fn all_resident(&self) -> &FxHashMap<u64, Box<Inode>> {
         &self.map
     }
 

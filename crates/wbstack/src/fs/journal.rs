@@ -30,8 +30,9 @@ use crate::mm::PageCache;
 use crate::trace;
 use crate::writeback::Bdi;
 use parking_lot::{Condvar, Mutex};
+use rustc_hash::FxHashMap;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -743,13 +744,13 @@ impl Volume {
                 txn_limit_bytes,
                 meta_limit: inode_cache,
                 txn_full_waiter: jwaiter.clone(),
-                live: HashMap::new(),
-                inflight: HashMap::new(),
+                live: FxHashMap::default(),
+                inflight: FxHashMap::default(),
                 aborted: None,
                 ordered: Vec::new(),
-                truncating: HashMap::new(),
+                truncating: FxHashMap::default(),
                 jhome: Vec::new(),
-                jblocks: HashMap::new(),
+                jblocks: FxHashMap::default(),
                 txn_jdata_pages: 0,
                 jhome_first_ns: None,
                 wall_offset_ns,

@@ -17,7 +17,8 @@ use super::extents::ExtentMap;
 use super::format::{FormatError, InodeKind, Reader, Record, Writer, BLOCK_SIZE};
 use super::inodes::{InodeSource, Inodes, MetaCacheStats, Read};
 use super::metatree::SpaceRecord;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 pub const ROOT_INO: u64 = 1;
@@ -287,7 +288,7 @@ impl Meta {
         root.links = 1;
         root.parent = ROOT_INO;
         let mut m = Meta::with_space(
-            HashMap::from([(ROOT_INO, Box::new(root))]),
+            FxHashMap::from_iter([(ROOT_INO, Box::new(root))]),
             ROOT_INO + 1,
             BTreeSet::new(),
             FreeSpace::new(data_start, nr_blocks),
@@ -331,7 +332,7 @@ impl Meta {
     /// The metadata of these parts over this free space, nothing reserved, deferred or
     /// tracked; the caller sets `image_bytes`.
     fn with_space(
-        inodes: HashMap<u64, Box<Inode>>,
+        inodes: FxHashMap<u64, Box<Inode>>,
         next_ino: u64,
         orphans: BTreeSet<u64>,
         space: FreeSpace,
@@ -419,7 +420,7 @@ impl Meta {
     /// (`load_all` first for a walk of them all).
     /// Read only: an inode changes through `find_mut`/`resident_mut`, which note the
     /// change first (`fs::cowcapture`).
-    pub fn resident_inodes(&self) -> &HashMap<u64, Box<Inode>> {
+    pub fn resident_inodes(&self) -> &FxHashMap<u64, Box<Inode>> {
         self.inodes.all_resident()
     }
 
@@ -1054,7 +1055,7 @@ impl Meta {
                 buf.len()
             ));
         }
-        let mut inodes = HashMap::with_capacity(n as usize);
+        let mut inodes = FxHashMap::with_capacity_and_hasher(n as usize, Default::default());
         let mut parents: Vec<(u64, u64)> = Vec::new();
         for _ in 0..n {
             let ino = r.u64()?;
@@ -1169,7 +1170,7 @@ impl Meta {
         name_seed: u64,
     ) -> Meta {
         let mut m = Meta::with_space(
-            HashMap::new(),
+            FxHashMap::default(),
             next_ino,
             orphans,
             free,
@@ -1186,7 +1187,7 @@ impl Meta {
     /// directories' parents and subdirectory counts derived from the entries, the free
     /// space the data area less every extent and the tree's own node blocks (`used`).
     pub(super) fn assemble(
-        mut inodes: HashMap<u64, Box<Inode>>,
+        mut inodes: FxHashMap<u64, Box<Inode>>,
         next_ino: u64,
         orphans: BTreeSet<u64>,
         used: &[u64],
@@ -1362,7 +1363,7 @@ impl Meta {
             ));
         }
         // Link counts and the directory tree.
-        let mut refs: HashMap<u64, u32> = HashMap::new();
+        let mut refs: FxHashMap<u64, u32> = FxHashMap::default();
         for (ino, i) in inodes {
             if !i.entries.is_empty() && !i.is_dir() {
                 p.push(format!(
@@ -1471,7 +1472,7 @@ fn check_extent_order(ino: u64, extents: &ExtentMap) -> Result<(), MetaError> {
 
 /// Directories' parents and subdirectory counts, derived from the (child, parent) of
 /// every entry (the root is its own parent).
-fn derive_parents(inodes: &mut HashMap<u64, Box<Inode>>, parents: Vec<(u64, u64)>) {
+fn derive_parents(inodes: &mut FxHashMap<u64, Box<Inode>>, parents: Vec<(u64, u64)>) {
     for (c, p) in parents {
         if let Some(ci) = inodes.get_mut(&c).filter(|ci| ci.is_dir()) {
             ci.parent = p;
@@ -1485,7 +1486,7 @@ fn derive_parents(inodes: &mut HashMap<u64, Box<Inode>>, parents: Vec<(u64, u64)
     }
     // Entries whose kind the image did not record (formats up to 4) take it from the
     // inode they name.
-    let kinds: HashMap<u64, InodeKind> = inodes.iter().map(|(&ino, i)| (ino, i.kind)).collect();
+    let kinds: FxHashMap<u64, InodeKind> = inodes.iter().map(|(&ino, i)| (ino, i.kind)).collect();
     for i in inodes.values_mut().filter(|i| i.is_dir()) {
         i.entries.resolve_kinds(|c| kinds.get(&c).copied());
     }

@@ -23,7 +23,8 @@ use super::alloc::FreeSpace;
 use super::btree::{ChildPtr, NodeStore, Root, Tree, TreeError, TreeResult};
 use super::format::{InodeKind, XATTR_SIZE_MAX};
 use super::meta::{valid_name, Changes, Inode, Meta, MetaError, ROOT_INO, TARGET_MAX};
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
 use std::ops::Bound;
 
 const FS_RECORD: u8 = 0x00;
@@ -750,10 +751,10 @@ fn le32(b: &[u8], at: usize) -> Option<u32> {
 #[derive(Default)]
 struct Parts {
     next_ino: Option<u64>,
-    inodes: HashMap<u64, Box<Inode>>,
+    inodes: FxHashMap<u64, Box<Inode>>,
     entries: Vec<(u64, Vec<u8>, Named)>,
     extents: Vec<(u64, u64, u64, u64)>,
-    targets: HashMap<u64, Vec<u8>>,
+    targets: FxHashMap<u64, Vec<u8>>,
     xattrs: Vec<(u64, Vec<u8>, Vec<u8>)>,
     orphans: BTreeSet<u64>,
     /// The chunk expected next for the value being assembled (target or xattr).
@@ -888,7 +889,7 @@ impl Parts {
     }
 
     /// Every inode with its extents, entries, target and attributes in place.
-    fn into_inodes(mut self, seed: u64) -> Result<HashMap<u64, Box<Inode>>, LoadError> {
+    fn into_inodes(mut self, seed: u64) -> Result<FxHashMap<u64, Box<Inode>>, LoadError> {
         let orphan_of = |ino: u64| format!("inode {ino}, which does not exist");
         let inodes = &mut self.inodes;
         for (ino, fb, s, l) in self.extents {

@@ -23,7 +23,8 @@ use crate::clock::ClockRef;
 use crate::mm::{AddressSpaceOps, CacheConfig, ErrSeq, Mapping, PageCache};
 use crate::writeback::{Bdi, WbConfig};
 use parking_lot::{Condvar, Mutex};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -515,9 +516,9 @@ pub(super) struct Inflight {
 /// The parts of `State` that say what an inode still owes (`State::at_rest`), borrowed
 /// apart from the metadata so a prune of it can ask.
 struct Owed<'a> {
-    live: &'a HashMap<u64, Box<Live>>,
+    live: &'a FxHashMap<u64, Box<Live>>,
     txn_inodes: &'a BTreeSet<u64>,
-    truncating: &'a HashMap<u64, u32>,
+    truncating: &'a FxHashMap<u64, u32>,
     ordered: &'a [Ordered],
 }
 
@@ -565,8 +566,8 @@ pub(super) struct State {
     /// Boxed: every inode an operation touches gets an entry, and each growth of the
     /// map moves its slots under `st` (a `Live` is about 150 bytes, a box 8: creates
     /// spent 5% of their time rehashing this map unboxed).
-    pub live: HashMap<u64, Box<Live>>,
-    pub inflight: HashMap<u64, Inflight>,
+    pub live: FxHashMap<u64, Box<Live>>,
+    pub inflight: FxHashMap<u64, Inflight>,
     /// Set when the journal failed: no more changes.
     pub aborted: Option<String>,
     /// Data the next commits must wait for (rename over an existing file).
@@ -576,12 +577,12 @@ pub(super) struct State {
     /// deferred); a write completing in between is already cut away. So fsync and
     /// syncfs wait for these to finish before resolving and committing, or they would
     /// commit neither the write nor the truncation.
-    pub truncating: HashMap<u64, u32>,
+    pub truncating: FxHashMap<u64, u32>,
     /// Journaled blocks waiting for their home write (`fs::jdata`), in log order.
     pub jhome: Vec<super::jdata::JHome>,
     /// Blocks journaled since the last checkpoint (the ones replay may write), with
     /// the transaction of their newest copy: an ordered write to one must revoke it.
-    pub jblocks: HashMap<u64, u64>,
+    pub jblocks: FxHashMap<u64, u64>,
     /// Pages of data journaled in the running transaction.
     pub txn_jdata_pages: u64,
     /// When the oldest entry of `jhome` was journaled (the committer sends them home

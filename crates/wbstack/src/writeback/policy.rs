@@ -39,8 +39,9 @@
 //! is simply [`WbLists::remove`]d).
 
 use crate::clock::{NSEC_PER_MSEC, NSEC_PER_SEC};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// An inode number, unique within one device's [`WbLists`].
 pub type InodeId = u64;
@@ -404,7 +405,7 @@ impl InodeState {
 #[derive(Clone, Debug)]
 pub struct WbLists {
     cfg: WbPolicyConfig,
-    inodes: HashMap<InodeId, InodeState>,
+    inodes: FxHashMap<InodeId, InodeState>,
     lists: [BTreeMap<u64, InodeId>; 3],
     next_key: u64,
     /// Latest time seen; every operation uses max(this, its `now`) so out-of-order
@@ -442,7 +443,7 @@ impl WbLists {
     pub fn with_config(cfg: WbPolicyConfig) -> Self {
         WbLists {
             cfg,
-            inodes: HashMap::new(),
+            inodes: FxHashMap::default(),
             lists: [BTreeMap::new(), BTreeMap::new(), BTreeMap::new()],
             next_key: 1,
             now: 0,

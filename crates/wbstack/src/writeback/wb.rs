@@ -12,9 +12,10 @@ use crate::mm::cache::PageCache;
 use crate::mm::throttle::{self, DirtyConfig, TaskState, WbState};
 use crate::trace;
 use parking_lot::{Condvar, Mutex};
+use rustc_hash::FxHashMap;
 use serde_json::json;
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -179,11 +180,11 @@ pub struct Bdi {
     clock: ClockRef,
     cfg: Mutex<WbConfig>,
     lists: Mutex<WbLists>,
-    inodes: Mutex<HashMap<u64, Arc<dyn WbInode>>>,
+    inodes: Mutex<FxHashMap<u64, Arc<dyn WbInode>>>,
     /// Inodes with pages under writeback (the kernel's s_inodes_wb): sync waits for
     /// all of them, not only for those its own pass wrote, so writeback started before
     /// it by anyone (the flusher, an earlier WB_SYNC_NONE work) is durable too.
-    wb_inodes: Mutex<HashMap<u64, Weak<dyn WbInode>>>,
+    wb_inodes: Mutex<FxHashMap<u64, Weak<dyn WbInode>>>,
     works: Mutex<VecDeque<Arc<WorkItem>>>,
     /// Work of the filesystem above run by the flusher between works (an async flush
     /// batch, a flush-on-close kick), so it shares the flusher's place in the IO order
@@ -217,8 +218,8 @@ impl Bdi {
             clock,
             cfg: Mutex::new(cfg),
             lists: Mutex::new(WbLists::new()),
-            inodes: Mutex::new(HashMap::new()),
-            wb_inodes: Mutex::new(HashMap::new()),
+            inodes: Mutex::new(FxHashMap::default()),
+            wb_inodes: Mutex::new(FxHashMap::default()),
             works: Mutex::new(VecDeque::new()),
             jobs: Mutex::new(VecDeque::new()),
             waiter,

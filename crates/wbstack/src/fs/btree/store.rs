@@ -9,7 +9,7 @@ use crate::block::{BioFlags, RequestQueue};
 use crate::buf::IoBuf;
 use crate::fs::lazylru::LazyLru;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -32,7 +32,7 @@ pub struct StoreStats {
 }
 
 struct NodeCache {
-    map: HashMap<u64, Slot>,
+    map: FxHashMap<u64, Slot>,
     /// Second-chance order, oldest first; stale entries are skipped.
     queue: LazyLru,
     bytes: usize,
@@ -93,7 +93,7 @@ impl DeviceStore {
             node_size,
             area,
             cache: Mutex::new(NodeCache {
-                map: HashMap::new(),
+                map: FxHashMap::default(),
                 queue: LazyLru::new(),
                 bytes: 0,
                 limit_bytes: cache_bytes,
