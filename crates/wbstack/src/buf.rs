@@ -61,7 +61,7 @@ impl IoBuf {
     /// zeroing half a megabyte before overwriting it cost as much as the copy.
     pub fn concat<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> IoBuf {
         let len: usize = parts.clone().map(<[u8]>::len).sum();
-        if len <= IO_ALIGN {
+        if len < IO_ALIGN {
             let mut b = IoBuf::zeroed(len);
             let mut at = 0;
             for p in parts {
@@ -71,13 +71,20 @@ impl IoBuf {
             return b;
         }
         let layout = Self::layout(len);
-        // SAFETY: layout has a non-zero size (len > IO_ALIGN).
-        let raw = unsafe { alloc::alloc(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        let ptr = if len == IO_ALIGN {
+            // One whole page: from the pool, as `Drop` gives it back there.
+            pool::get()
+        } else {
+            // SAFETY: layout has a non-zero size (len > IO_ALIGN).
+            let raw = unsafe { alloc::alloc(layout) };
+            NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout))
+        };
+        let raw = ptr.as_ptr();
         let mut at = 0;
         for p in parts {
             // SAFETY: the parts' lengths sum to `len`, so [at, at+p.len()) lies inside
-            // the allocation; it is new and cannot overlap the borrowed part.
+            // the allocation; it is new (or a pool page, exclusively ours) and cannot
+            // overlap the borrowed part.
             unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), raw.add(at), p.len()) };
             at += p.len();
         }
@@ -219,6 +226,13 @@ mod tests {
         assert_eq!(&big.as_slice()[..4096], &a[..]);
         assert_eq!(&big.as_slice()[4096..8192], &b[..]);
         assert_eq!(&big.as_slice()[8192..], &c[..]);
+        // Exactly a page: a pooled page, every byte written by the copies.
+        let page = IoBuf::concat([&a[..100], &b[..3996]].into_iter());
+        assert_eq!(page.len(), 4096);
+        assert_eq!(page.as_ptr() as usize % IO_ALIGN, 0);
+        assert_eq!(&page.as_slice()[..100], &a[..100]);
+        assert!(page.as_slice()[100..].iter().all(|&x| x == 7));
+        drop(page);
         let small = IoBuf::concat([&c[..10], &a[..20]].into_iter());
         assert_eq!(small.len(), 30);
         assert_eq!(&small.as_slice()[10..], &a[..20]);

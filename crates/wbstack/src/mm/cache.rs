@@ -1083,9 +1083,15 @@ impl Mapping {
             let mut it = pages.into_iter();
             let mut idx = start;
             for (sector, cnt) in map {
-                let run: Vec<IoBuf> = it.by_ref().take(cnt as usize).collect();
+                let mut run: Vec<IoBuf> = it.by_ref().take(cnt as usize).collect();
                 debug_assert_eq!(run.len() as u64, cnt, "the map covers more than the run");
-                let buf = IoBuf::concat(run.iter().map(IoBuf::as_slice));
+                // A lone page's copy is the bio's buffer as it is: a small file's
+                // writeback copied it a second time, after zeroing the new page.
+                let buf = if run.len() == 1 {
+                    run.pop().expect("one page")
+                } else {
+                    IoBuf::concat(run.iter().map(IoBuf::as_slice))
+                };
                 let bio = Bio::write(sector, buf)
                     .with_flags(flags)
                     .with_end_io(Arc::new(WriteEnd {
