@@ -96,15 +96,14 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    #[test]
-    fn every_increment_under_contention_lands() {
-        let m = Arc::new(Mutex::new(0u64));
+    /// Four threads, 20,000 increments each, each through `incr`.
+    fn increment_from_four_threads(incr: Arc<dyn Fn() + Send + Sync>) {
         let threads: Vec<_> = (0..4)
             .map(|_| {
-                let m = m.clone();
+                let incr = incr.clone();
                 std::thread::spawn(move || {
                     for _ in 0..20_000 {
-                        *lock(&m) += 1;
+                        incr();
                     }
                 })
             })
@@ -112,25 +111,21 @@ mod tests {
         for t in threads {
             t.join().expect("a locking thread panicked");
         }
+    }
+
+    #[test]
+    fn every_increment_under_contention_lands() {
+        let m = Arc::new(Mutex::new(0u64));
+        let shared = m.clone();
+        increment_from_four_threads(Arc::new(move || *lock(&shared) += 1));
         assert_eq!(*m.lock(), 80_000);
     }
 
     #[test]
     fn a_spin_mutex_under_more_threads_than_spinners_loses_no_increment() {
         let m = Arc::new(SpinMutex::new(0u64));
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let m = m.clone();
-                std::thread::spawn(move || {
-                    for _ in 0..20_000 {
-                        *m.lock() += 1;
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().expect("a locking thread panicked");
-        }
+        let shared = m.clone();
+        increment_from_four_threads(Arc::new(move || *shared.lock() += 1));
         assert_eq!(*m.lock(), 80_000);
         // Every spinner counted itself out again.
         assert_eq!(m.spinners.load(Ordering::Relaxed), 0);
