@@ -834,15 +834,19 @@ impl State {
 
     /// Look `name` up in directory `dir`.
     pub(super) fn lookup(&self, dir: u64, name: &[u8]) -> FsResult<u64> {
+        self.find(dir, name)?
+            .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned()))
+    }
+
+    /// `lookup` for a caller that expects the name may be missing (every create asks
+    /// twice): None, not an error whose message is a copy of the name.
+    pub(super) fn find(&self, dir: u64, name: &[u8]) -> FsResult<Option<u64>> {
         let d = self.dir(dir)?;
-        match name {
-            b"." => Ok(dir),
-            b".." => Ok(d.parent.max(ROOT_INO)),
-            _ => d
-                .entries
-                .get(self.meta.name_seed, name)
-                .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned())),
-        }
+        Ok(match name {
+            b"." => Some(dir),
+            b".." => Some(d.parent.max(ROOT_INO)),
+            _ => d.entries.get(self.meta.name_seed, name),
+        })
     }
 
     /// Forget what the inode had reserved or in flight (it is being deleted or
@@ -1568,11 +1572,10 @@ impl Vol {
                 name: last.to_vec(),
             })
         };
-        match st.lookup(dir, last) {
-            Err(FsError::NotFound(_)) => missing(),
-            Err(e) => Err(e),
+        match st.find(dir, last)? {
+            None => missing(),
             // A symlink to nothing: the create is tried at the link's name.
-            Ok(ino) => match self.follow(st, dir, ino, &mut budget, path) {
+            Some(ino) => match self.follow(st, dir, ino, &mut budget, path) {
                 Err(FsError::NotFound(_)) => missing(),
                 r => r.map(Resolved::Found),
             },
@@ -1714,10 +1717,8 @@ impl Vol {
     ) -> FsResult<u64> {
         st.check_writable()?;
         check_name(name)?;
-        match st.lookup(dir, name) {
-            Ok(_) => return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned())),
-            Err(FsError::NotFound(_)) => {}
-            Err(e) => return Err(e),
+        if st.find(dir, name)?.is_some() {
+            return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned()));
         }
         if let Some(t) = target {
             if t.is_empty() || t.len() > TARGET_MAX {
