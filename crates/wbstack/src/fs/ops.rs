@@ -174,7 +174,7 @@ impl Volume {
                 // An open, unlinked file cannot get a name back (no O_TMPFILE here).
                 return Err(FsError::NotFound(format!("inode {ino}")));
             }
-            if st.lookup(dir, name).is_ok() {
+            if matches!(st.find(dir, name), Ok(Some(_))) {
                 return Err(FsError::Exists(name_str(name)));
             }
             self.vol.check_meta_room(&st, 64 + name.len() as u64)?;
@@ -219,11 +219,7 @@ impl Volume {
                 let src = st.lookup(od, on)?;
                 let si = st.inode(src)?;
                 perm::may_delete(c, st.inode(od)?, si, "rename")?;
-                let victim = match st.lookup(nd, nn) {
-                    Ok(v) => Some(v),
-                    Err(FsError::NotFound(_)) => None,
-                    Err(e) => return Err(e),
-                };
+                let victim = st.find(nd, nn)?;
                 match victim {
                     Some(v) => {
                         if flags.noreplace {
@@ -472,10 +468,10 @@ impl Volume {
             }
             let found = {
                 let mut st = self.vol.st.lock();
-                match st.lookup(dir, name) {
-                    Ok(_) if o.exclusive => return Err(FsError::Exists(name_str(name))),
-                    Ok(ino) => Found::Existing(ino),
-                    Err(FsError::NotFound(_)) => {
+                match st.find(dir, name)? {
+                    Some(_) if o.exclusive => return Err(FsError::Exists(name_str(name))),
+                    Some(ino) => Found::Existing(ino),
+                    None => {
                         perm::may_change_dir(c, st.inode(dir)?, "create")?;
                         let owner = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::File, mode);
                         let ino = self.vol.create_node_as(
@@ -493,7 +489,6 @@ impl Volume {
                         let m = self.vol.open_locked(&mut st, ino, o)?;
                         Found::Created(ino, m, s)
                     }
-                    Err(e) => return Err(e),
                 }
             };
             match found {

@@ -1835,11 +1835,7 @@ impl Vol {
         if src_dir {
             st.check_not_into_itself(ino, nd)?;
         }
-        let victim = match st.lookup(nd, nn) {
-            Ok(v) => Some(v),
-            Err(FsError::NotFound(_)) => None,
-            Err(e) => return Err(e),
-        };
+        let victim = st.find(nd, nn)?;
         let now = self.now();
         let mut kick = None;
         if let Some(v) = victim {
@@ -2213,19 +2209,17 @@ impl Volume {
             let mut cur = ROOT_INO;
             let mut budget = MAX_SYMLINKS;
             for c in components(path) {
-                cur = match st.lookup(cur, c) {
-                    Ok(ino) => {
+                cur = match st.find(cur, c)? {
+                    Some(ino) => {
                         let ino = self.vol.follow(&st, cur, ino, &mut budget, path)?;
                         if !st.inode(ino)?.is_dir() {
                             return Err(FsError::NotDir(path.to_string()));
                         }
                         ino
                     }
-                    Err(FsError::NotFound(_)) => {
-                        self.vol
-                            .create_node(&mut st, cur, c, InodeKind::Dir, mode, None)?
-                    }
-                    Err(e) => return Err(e),
+                    None => self
+                        .vol
+                        .create_node(&mut st, cur, c, InodeKind::Dir, mode, None)?,
                 };
             }
             Ok(())
@@ -2271,7 +2265,7 @@ impl Volume {
                 )));
             }
             let (dir, name) = self.vol.resolve_parent(&st, new)?;
-            if st.lookup(dir, &name).is_ok() {
+            if matches!(st.find(dir, &name), Ok(Some(_))) {
                 return Err(FsError::Exists(new.to_string()));
             }
             self.vol.check_meta_room(&st, 64 + name.len() as u64)?;
