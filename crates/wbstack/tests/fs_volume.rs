@@ -241,6 +241,52 @@ fn journal_wraps_through_checkpoints_and_replays() {
     v.unmount().unwrap();
 }
 
+/// Background checkpoints let the journal run on as a ring: transactions wrap to its
+/// start while the tail follows the newest durable checkpoint. A crash at any point
+/// past the wrap (with a checkpoint in flight or not) keeps every fsynced file.
+#[test]
+fn journal_ring_wraps_behind_background_checkpoints_and_replays() {
+    for extra in [0u64, 5, 29, 61] {
+        let (q, v) = fresh("sim:ssd,size=64M");
+        let jblocks = v.superblock().journal_blocks;
+        let mut n = 0;
+        let mut wrapped_at = None;
+        loop {
+            let f = v.create(&format!("/f{n}")).unwrap();
+            f.write_at(0, &pattern(n, 100)).unwrap();
+            f.fsync().unwrap();
+            f.close().unwrap();
+            n += 1;
+            assert!(n < 100 * jblocks, "no wrap after {n} commits");
+            let js = v.journal_stats();
+            if js.journal_wraps >= 2 && wrapped_at.is_none() {
+                wrapped_at = Some(n);
+            }
+            if wrapped_at.is_some_and(|w| n >= w + extra) {
+                break;
+            }
+        }
+        let js = v.journal_stats();
+        // Every checkpoint went in the background, none in place of a commit.
+        assert!(js.checkpoints_background >= 2, "{js:?}");
+        assert_eq!(js.checkpoints, js.checkpoints_background, "{js:?}");
+        sim(&q).power_cut(false);
+        v.crash();
+        sim(&q).reboot();
+        assert_clean(&q);
+        let v = Volume::mount(q.clone(), quiet()).unwrap();
+        for i in 0..n {
+            assert_eq!(
+                read_file(&v, &format!("/f{i}")),
+                pattern(i, 100),
+                "file {i} of {n} (extra {extra})"
+            );
+        }
+        v.unmount().unwrap();
+        assert_clean(&q);
+    }
+}
+
 #[test]
 fn crash_keeps_every_fsynced_file_and_exposes_no_garbage() {
     for seed in 1..=4u64 {

@@ -284,7 +284,7 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
     let ctx = Arc::new(Ctx {
         vol,
         probe: probe.clone(),
-        ckpt_at: sb.journal_blocks * 3 / 4,
+        ckpt_at: wbstack::fs::jspace::checkpoint_due_blocks(sb.journal_blocks),
         placed_at: AtomicU64::new(u64::MAX),
         model: Mutex::new(Model {
             log: Log::deferring_zero_truncates(mopts.flush_on_close),

@@ -290,6 +290,7 @@ pub(super) fn root_record(
     fs_id: u64,
     seq: u64,
     tid: u64,
+    journal_pos: u64,
     w: &TreeWrite,
     space: Option<SpaceRecord>,
     data: std::ops::Range<u64>,
@@ -298,7 +299,7 @@ pub(super) fn root_record(
         fs_id,
         seq,
         tid,
-        journal_pos: 0,
+        journal_pos,
         image: root_image(seq, w, space, data)?,
     }
     .encode())

@@ -257,7 +257,9 @@ impl Vol {
         match ckpt {
             Some((slot, seq)) => {
                 debug_assert!(j.in_flight.is_empty(), "a checkpoint beside journal writes");
-                j.head = 0;
+                debug_assert!(!j.bg_ckpt_running, "two checkpoints at once");
+                j.ring.reset();
+                j.sync_ckpts += 1;
                 j.ckpt_slot = slot;
                 j.ckpt_seq = seq;
                 j.force_checkpoint = false;
@@ -304,11 +306,21 @@ impl Vol {
     /// checkpoint, or for an empty one a cache flush if someone needs one).
     fn commit(&self, force_ckpt: bool) {
         let t0 = self.now();
-        let (head, jblocks) = {
+        // A background checkpoint in flight is waited for when the journal fills up to
+        // it, and before a checkpoint of this commit's own (the slot is its).
+        let wait_bg = {
             let j = self.jn.lock();
-            (j.head, self.sb.journal_blocks)
+            j.bg_ckpt_running && (force_ckpt || j.ring.must_wait())
         };
-        let (tid, payload, nrec, home, covered) = {
+        if wait_bg {
+            self.jn.lock().stats.checkpoint_waits += 1;
+            self.wait_background_checkpoint();
+        }
+        let (ring, bg_busy, jblocks) = {
+            let j = self.jn.lock();
+            (j.ring, j.bg_ckpt_running, self.sb.journal_blocks)
+        };
+        let (tid, payload, nrec, home, covered, bg_capture) = {
             let mut st = self.st.lock();
             // Ordered data (rename over an existing file): the transaction holding the
             // rename waits for the renamed file's data, so it cannot reach the disk
@@ -378,8 +390,23 @@ impl Vol {
             // Decided before restating: a checkpoint's transaction needs no restated
             // records, and the bound covers the ones a journal write carries.
             let restated_max = Txn::len_of_body(st.txn_bytes + st.restate_max_bytes());
-            let ckpt =
-                force_ckpt || head + restated_max as u64 / PAGE > jblocks * 3 / 4 || st.meta_full();
+            let max_blocks = (restated_max as u64).div_ceil(PAGE);
+            let tree = self.sb.version >= TREE_VERSION;
+            // In place of a commit (the committer waits for it): asked for, no room in
+            // the journal, or a format without background checkpoints. In the
+            // background (`fs::jspace`): the journal half full or the changed inodes
+            // at their limit, and none in flight.
+            let ckpt = force_ckpt
+                || ring.place(max_blocks).is_none()
+                || (!tree && (ring.used() + max_blocks > jblocks * 3 / 4 || st.meta_full()));
+            if ckpt && bg_busy {
+                drop(st);
+                self.jn.lock().stats.checkpoint_waits += 1;
+                self.wait_background_checkpoint();
+                return self.commit(force_ckpt);
+            }
+            let bg =
+                !ckpt && tree && !bg_busy && (ring.background_due(max_blocks) || st.meta_full());
             st.restate(!ckpt);
             self.prune_meta(&mut st);
             let records = std::mem::take(&mut st.txn);
@@ -410,6 +437,7 @@ impl Vol {
             // (`jdata::HOME_BATCH`); else it waits for later commits, to go home in
             // fewer, larger writes.
             let home = if ckpt
+                || bg
                 || st.meta.alloc.deferred_blocks() > 0
                 || st.jhome.len() >= super::jdata::HOME_BATCH
             {
@@ -418,7 +446,7 @@ impl Vol {
             } else {
                 Vec::new()
             };
-            let (payload, covered) = if ckpt {
+            let (payload, covered, bg_capture) = if ckpt {
                 // The journal is about to start over: no copy in it is replayed again.
                 debug_assert!(st.jhome.is_empty());
                 st.jblocks.clear();
@@ -432,23 +460,34 @@ impl Vol {
                             st.meta.begin_capture(changes),
                         )),
                         covered,
+                        None,
                     )
                 } else {
                     (
                         Payload::Checkpoint(CheckpointPayload::Image(st.meta.encode_image())),
                         covered,
+                        None,
                     )
                 }
+            } else if bg {
+                // The state as of this transaction, which is journaled as any other:
+                // until the checkpoint is durable, replay goes through it.
+                let changes = st.meta.take_changes();
+                (
+                    Payload::Txn(txn),
+                    None,
+                    Some(st.meta.begin_capture(changes)),
+                )
             } else {
-                (Payload::Txn(txn), None)
+                (Payload::Txn(txn), None, None)
             };
-            if ckpt {
+            if ckpt || bg {
                 let held_ns = self.now().saturating_sub(close_t0);
                 let mut j = self.jn.lock();
                 j.stats.checkpoint_close_ns += held_ns;
                 j.stats.checkpoint_close_max_ns = j.stats.checkpoint_close_max_ns.max(held_ns);
             }
-            (tid, payload, nrec, home, covered)
+            (tid, payload, nrec, home, covered, bg_capture)
         };
         drop(covered);
         self.submit_home(home);
@@ -488,11 +527,20 @@ impl Vol {
                 let e = txn.encode();
                 drop(txn);
                 let bytes = e.len() as u64;
+                let len = bytes / PAGE;
+                // Only this thread moves the head, and the tail only moves up: what
+                // was placed at the close still fits.
+                let Some(pos) = self.jn.lock().ring.place(len) else {
+                    self.abort(format!(
+                        "transaction {tid} ({len} blocks) has no room in the journal"
+                    ));
+                    return;
+                };
                 let write = Arc::new(CommitWrite {
                     done: BioWait::default(),
                     committer: self.jwaiter.clone(),
                 });
-                let bio = Bio::write(sector(self.sb.journal_start + head), IoBuf::from_slice(&e))
+                let bio = Bio::write(sector(self.sb.journal_start + pos), IoBuf::from_slice(&e))
                     .with_flags(flags)
                     .with_end_io(write.clone());
                 if let Err(e) = self.q.submit_bio(bio) {
@@ -503,8 +551,10 @@ impl Vol {
                 // Recorded after the submission: only this thread finishes writes in
                 // flight, and a completion meanwhile waits in `write.done`.
                 let mut j = self.jn.lock();
-                debug_assert_eq!(j.head, head, "the journal head moved under the committer");
-                j.head = head + bytes / PAGE;
+                if pos < j.ring.head {
+                    j.stats.journal_wraps += 1;
+                }
+                j.ring.advance(pos, len);
                 if !j.in_flight.is_empty() {
                     j.stats.commits_overlapped += 1;
                 }
@@ -518,6 +568,13 @@ impl Vol {
                     },
                     write,
                 });
+                if let Some(capture) = bg_capture {
+                    // Replay of the checkpoint starts where the next transaction goes.
+                    let journal_pos = j.ring.head;
+                    j.bg_ckpt_running = true;
+                    drop(j);
+                    self.start_background_checkpoint(capture, tid, journal_pos, t0);
+                }
                 return;
             }
             Payload::Checkpoint(c) => c,
@@ -568,7 +625,7 @@ impl Vol {
                     let j = self.jn.lock();
                     (1 - j.ckpt_slot, j.ckpt_seq + 1)
                 };
-                match self.write_checkpoint(captured, tid, slot, seq, flags) {
+                match self.write_checkpoint(captured, tid, slot, seq, flags, 0) {
                     Ok(n) => (Ok(()), n, (slot, seq)),
                     Err(e) => (Err(e), 0, (slot, seq)),
                 }
@@ -590,7 +647,8 @@ impl Vol {
         );
     }
 
-    /// Steps 2 to 4 of a checkpoint (`fs::checkpoint`); returns the bytes written.
+    /// Steps 2 to 4 of a checkpoint (`fs::checkpoint`) of the state as of `tid`,
+    /// whose replay starts at journal block `journal_pos`; returns the bytes written.
     fn write_checkpoint(
         &self,
         changes: Option<metatree::Captured>,
@@ -598,6 +656,7 @@ impl Vol {
         slot: usize,
         seq: u64,
         flags: BioFlags,
+        journal_pos: u64,
     ) -> FsResult<u64> {
         // Lock order: the tree, then `st` (taken for a batch of the capture and for the
         // nodes' blocks).
@@ -615,7 +674,12 @@ impl Vol {
             alloc_nodes(&mut self.st.lock().meta, goal, n)
         })?;
         let data = self.sb.data_start..self.sb.nr_blocks;
-        let enc = root_record(self.sb.fs_id, seq, tid, &w, space, data)?;
+        let enc = root_record(self.sb.fs_id, seq, tid, journal_pos, &w, space, data)?;
+        // A failed or stopped volume writes no root: after a crash (`Volume::crash`)
+        // the device holds what it held.
+        if let Some(e) = self.jn.lock().error.clone() {
+            return Err(FsError::ReadOnly(e));
+        }
         self.q.write_sync(
             sector(self.sb.checkpoint[slot].0),
             IoBuf::from_slice(&enc),
@@ -623,6 +687,91 @@ impl Vol {
         )?;
         mt.release(&mut self.st.lock().meta, &w, gen)?;
         Ok(w.bytes + enc.len() as u64)
+    }
+
+    /// Write a checkpoint of the state as of transaction `tid` (closed, its journal
+    /// write submitted) on a thread of its own, while commits go on (`fs::jspace`).
+    fn start_background_checkpoint(
+        &self,
+        capture: Option<metatree::Captured>,
+        tid: u64,
+        journal_pos: u64,
+        t0: u64,
+    ) {
+        let weak = self.aops.vol.lock().clone();
+        let spawned = std::thread::Builder::new()
+            .name("fs-ckpt".into())
+            .spawn(move || {
+                // The volume outlives this thread: stopping it joins this one.
+                if let Some(vol) = weak.upgrade() {
+                    vol.background_checkpoint(capture, tid, journal_pos, t0);
+                }
+            });
+        match spawned {
+            Ok(h) => *self.bg_ckpt.lock() = Some(h),
+            Err(e) => {
+                self.jn.lock().bg_ckpt_running = false;
+                self.abort(format!("cannot start a checkpoint thread ({e})"));
+            }
+        }
+    }
+
+    /// The background checkpoint's thread: journaled data up to `tid` home, the tree
+    /// and root written, then the tail moves up to `journal_pos`.
+    fn background_checkpoint(
+        &self,
+        capture: Option<metatree::Captured>,
+        tid: u64,
+        journal_pos: u64,
+        t0: u64,
+    ) {
+        // Replay will not see the journaled copies up to `tid` again: they are home
+        // first (the root's PREFLUSH makes them durable before it).
+        self.wait_home(tid);
+        let (slot, seq) = {
+            let j = self.jn.lock();
+            (1 - j.ckpt_slot, j.ckpt_seq + 1)
+        };
+        let flags = BioFlags::PREFLUSH | BioFlags::FUA | BioFlags::META;
+        let r = self.write_checkpoint(capture, tid, slot, seq, flags, journal_pos);
+        match r {
+            Ok(bytes) => {
+                // Copies in transactions up to `tid` are never replayed again: a
+                // write over their blocks needs no revoke.
+                self.st.lock().jblocks.retain(|_, t| *t > tid);
+                let took = self.now().saturating_sub(t0);
+                let mut j = self.jn.lock();
+                debug_assert!(j.bg_ckpt_running, "a background checkpoint not recorded");
+                j.ring.checkpointed(journal_pos);
+                j.ckpt_slot = slot;
+                j.ckpt_seq = seq;
+                j.bg_ckpt_running = false;
+                j.stats.checkpoints += 1;
+                j.stats.checkpoints_background += 1;
+                j.stats.checkpoint_ns += took;
+                j.stats.bytes += bytes;
+            }
+            Err(e) => {
+                self.jn.lock().bg_ckpt_running = false;
+                self.abort(format!("a checkpoint write failed ({e})"));
+            }
+        }
+        self.jcv.notify_all();
+        self.jwaiter.kick();
+    }
+
+    /// Wait for the background checkpoint in flight, if any, to end.
+    pub(super) fn wait_background_checkpoint(&self) {
+        let Some(h) = self.bg_ckpt.lock().take() else {
+            return;
+        };
+        if h.thread().id() == std::thread::current().id() {
+            return;
+        }
+        if h.join().is_err() {
+            self.jn.lock().bg_ckpt_running = false;
+            self.abort("the checkpoint thread panicked".into());
+        }
     }
 
     /// Copy out the rest of a checkpoint's capture (`fs::cowcapture`), a batch per

@@ -512,6 +512,60 @@ struct Replayed {
 }
 
 /// Apply the transactions after checkpoint `tid` found from journal block `pos` on.
+/// The transaction of tid `expect` at journal block `pos`, read through the window
+/// `[win_start, win_start + win.len())`; Err(why) when there is none (the end of the
+/// journal, a torn or stale transaction), Ok(Err) only for a failed read.
+fn next_txn(
+    q: &Arc<RequestQueue>,
+    sb: &Superblock,
+    pos: u64,
+    expect: u64,
+    win_start: &mut u64,
+    win: &mut Vec<u8>,
+) -> FsResult<Result<(Txn, u64), String>> {
+    let jb = sb.journal_blocks;
+    if pos >= jb {
+        return Ok(Err("the end of the journal area".to_string()));
+    }
+    let have = |ws: u64, w: &Vec<u8>, p: u64, n: u64| {
+        ws != u64::MAX && p >= ws && (p + n) * PAGE <= ws * PAGE + w.len() as u64
+    };
+    if !have(*win_start, win, pos, 1) {
+        *win_start = pos;
+        *win = read_blocks(q, sb.journal_start + pos, REPLAY_WINDOW.min(jb - pos))?;
+    }
+    let off = ((pos - *win_start) * PAGE) as usize;
+    let len = match Txn::peek_len(&win[off..], sb.fs_id) {
+        Ok(l) => l as u64,
+        Err(e) => return Ok(Err(format!("journal block {pos}: {e}"))),
+    };
+    if pos + len / PAGE > jb {
+        return Ok(Err(format!(
+            "journal block {pos}: a transaction running past the journal's end"
+        )));
+    }
+    if !have(*win_start, win, pos, len / PAGE) {
+        *win_start = pos;
+        *win = read_blocks(
+            q,
+            sb.journal_start + pos,
+            (len / PAGE).max(REPLAY_WINDOW.min(jb - pos)),
+        )?;
+    }
+    let off = ((pos - *win_start) * PAGE) as usize;
+    let txn = match Txn::decode(&win[off..off + len as usize]) {
+        Ok((t, _)) => t,
+        Err(e) => return Ok(Err(format!("journal block {pos}: {e} (torn by a crash)"))),
+    };
+    if txn.tid != expect {
+        return Ok(Err(format!(
+            "journal block {pos}: transaction {} where {expect} was due (stale)",
+            txn.tid
+        )));
+    }
+    Ok(Ok((txn, len)))
+}
+
 fn replay(
     q: &Arc<RequestQueue>,
     sb: &Superblock,
@@ -527,45 +581,22 @@ fn replay(
     // A window of journal blocks read in one IO: [win_start, win_start + win.len()).
     let mut win_start = u64::MAX;
     let mut win: Vec<u8> = Vec::new();
-    let jb = sb.journal_blocks;
+    // The journal is a ring (`fs::jspace`): where the due transaction is not, it may
+    // have wrapped to block 0 (looked for once per transaction; the end reported is
+    // where it was first looked for).
+    let mut not_at_head: Option<String> = None;
     let end = loop {
-        if pos >= jb {
-            break "the end of the journal area".to_string();
-        }
-        let have = |ws: u64, w: &Vec<u8>, p: u64, n: u64| {
-            ws != u64::MAX && p >= ws && (p + n) * PAGE <= ws * PAGE + w.len() as u64
+        let found = next_txn(q, sb, pos, expect, &mut win_start, &mut win)?;
+        let (txn, len) = match found {
+            Ok(t) => t,
+            Err(why) if pos != 0 && not_at_head.is_none() => {
+                not_at_head = Some(why);
+                pos = 0;
+                continue;
+            }
+            Err(why) => break not_at_head.take().unwrap_or(why),
         };
-        if !have(win_start, &win, pos, 1) {
-            win_start = pos;
-            win = read_blocks(q, sb.journal_start + pos, REPLAY_WINDOW.min(jb - pos))?;
-        }
-        let off = ((pos - win_start) * PAGE) as usize;
-        let len = match Txn::peek_len(&win[off..], sb.fs_id) {
-            Ok(l) => l as u64,
-            Err(e) => break format!("journal block {pos}: {e}"),
-        };
-        if pos + len / PAGE > jb {
-            break format!("journal block {pos}: a transaction running past the journal's end");
-        }
-        if !have(win_start, &win, pos, len / PAGE) {
-            win_start = pos;
-            win = read_blocks(
-                q,
-                sb.journal_start + pos,
-                (len / PAGE).max(REPLAY_WINDOW.min(jb - pos)),
-            )?;
-        }
-        let off = ((pos - win_start) * PAGE) as usize;
-        let txn = match Txn::decode(&win[off..off + len as usize]) {
-            Ok((t, _)) => t,
-            Err(e) => break format!("journal block {pos}: {e} (torn by a crash)"),
-        };
-        if txn.tid != expect {
-            break format!(
-                "journal block {pos}: transaction {} where {expect} was due (stale)",
-                txn.tid
-            );
-        }
+        not_at_head = None;
         // This transaction's data and revokes, in order, kept only once all of it
         // applied.
         let mut txn_data: Vec<(u64, Option<&Vec<u8>>)> = Vec::new();
@@ -652,7 +683,7 @@ impl Volume {
                     let w = tree.write_nodes(seq, &mut |goal, n| alloc_nodes(meta, goal, n))?;
                     let data = l.sb.data_start..l.sb.nr_blocks;
                     (
-                        root_record(l.sb.fs_id, seq, l.last_tid, &w, space, data)?,
+                        root_record(l.sb.fs_id, seq, l.last_tid, 0, &w, space, data)?,
                         Some((w, gen)),
                     )
                 }
@@ -722,6 +753,7 @@ impl Volume {
         let jwaiter = crate::clock::Waiter::new();
         clock.register_waiter(&jwaiter);
         let txn_limit_bytes = (l.sb.journal_blocks * PAGE / 4) as usize;
+        let ring = super::jspace::JournalRing::new(head, l.sb.journal_blocks);
         let vol = Arc::new(Vol {
             q,
             cache,
@@ -764,7 +796,7 @@ impl Volume {
                 want_tid: l.last_tid,
                 ckpt_seq: seq,
                 ckpt_slot: slot,
-                head,
+                ring,
                 ..Default::default()
             }),
             jcv: Condvar::new(),
@@ -773,6 +805,7 @@ impl Volume {
             jwaiter,
             aops: aops.clone(),
             committer: Mutex::new(None),
+            bg_ckpt: Mutex::new(None),
             unmounted: AtomicBool::new(false),
             barrier_started: AtomicU64::new(0),
             sb_err: crate::mm::ErrSeq::new(),
@@ -897,12 +930,12 @@ impl Vol {
         if j.error.is_some() {
             return Err(FsError::Io);
         }
-        let before = j.stats.checkpoints;
+        let before = j.sync_ckpts;
         j.force_checkpoint = true;
         drop(j);
         self.jwaiter.kick();
         let mut j = self.jn.lock();
-        while j.stats.checkpoints == before && j.error.is_none() {
+        while j.sync_ckpts == before && j.error.is_none() {
             self.jcv.wait(&mut j);
         }
         match &j.error {
@@ -937,6 +970,8 @@ impl Vol {
                 let _ = h.join();
             }
         }
+        // After the journal's error is set: it writes no root.
+        self.wait_background_checkpoint();
         self.bdi.shutdown();
         // Break the cycle mapping -> bdi -> mapping of inodes still on the lists.
         let inos: Vec<u64> = self.icache.lock().drain();

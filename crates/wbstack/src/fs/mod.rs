@@ -17,6 +17,7 @@
 //! - `ops`: the same operations by inode number with the caller's credentials, as
 //!   the VFS (and the FUSE front end) calls them; `perm`: who may do what.
 //! - `journal`: mkfs, mount and recovery, the committer (group commit, checkpoints).
+//! - `jspace`: the journal as a ring: placement, the live part, when checkpoints are due.
 //! - `fsck`: the offline checker.
 //! - `fuzz` (hidden): the harness of the fuzz targets and of the regression corpus test.
 
@@ -37,6 +38,7 @@ mod icache;
 pub mod inodes;
 mod jdata;
 pub mod journal;
+pub mod jspace;
 mod lazylru;
 pub mod meta;
 pub mod metatree;

@@ -347,6 +347,14 @@ pub struct JournalStats {
     pub commits: u64,
     /// Checkpoints written (each also commits the running transaction).
     pub checkpoints: u64,
+    /// Of those, the ones written in the background while commits went on.
+    pub checkpoints_background: u64,
+    /// Times the committer waited for a background checkpoint (the journal three
+    /// quarters full, or a checkpoint asked for while one was in flight).
+    pub checkpoint_waits: u64,
+    /// Transactions written at the journal's start because they did not fit before
+    /// its end (`fs::jspace`).
+    pub journal_wraps: u64,
     /// Time the commits that wrote checkpoints took, from the close of their
     /// transaction to durable (the committer's time a checkpoint costs).
     pub checkpoint_ns: u64,
@@ -904,8 +912,13 @@ pub(super) struct JState {
     /// `RequestQueue::volatile_writes` read before the committer's last flush (a
     /// PREFLUSH commit or a bare flush) was issued: the writes that flush covers.
     pub flushed_writes: u64,
-    /// Next free journal block (relative to the journal's start).
-    pub head: u64,
+    /// The journal's head and tail (`fs::jspace`).
+    pub ring: super::jspace::JournalRing,
+    /// A checkpoint is being written in the background (`Vol::bg_ckpt`): its commit
+    /// went to the journal, and the tail moves up once it is durable.
+    pub bg_ckpt_running: bool,
+    /// Checkpoints written in place of a commit (`Vol::checkpoint_now` waits for one).
+    pub sync_ckpts: u64,
     pub ckpt_seq: u64,
     /// Slot holding the newest checkpoint.
     pub ckpt_slot: usize,
@@ -965,6 +978,8 @@ pub(super) struct Vol {
     pub jwaiter: Arc<crate::clock::Waiter>,
     pub aops: Arc<Aops>,
     pub committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The thread writing a background checkpoint (`JState::bg_ckpt_running`).
+    pub bg_ckpt: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub unmounted: AtomicBool,
     /// Mirror of `jn.barrier_started`, read by completions without the journal lock.
     pub barrier_started: AtomicU64,
