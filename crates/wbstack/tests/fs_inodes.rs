@@ -488,10 +488,14 @@ fn changes_past_the_inode_cache_make_the_next_commit_a_checkpoint() {
         }
         let taken = v.journal_stats().checkpoints - start;
         if limit == 64 {
-            assert!(taken >= 8, "a checkpoint every 1024 changes or so: {taken}");
+            // A checkpoint every 1024 changes, plus those made while it is written:
+            // commits (this loop's `commit_now`) go on meanwhile, so a checkpoint slowed
+            // by a busy machine covers more (8 to 10 on an idle one, 5 seen under load).
+            assert!(taken >= 4, "a checkpoint every 1024 changes or so: {taken}");
             // Changes since the last checkpoint, those of the one being written, and
-            // clean ones the prunes have not reached yet: bounded, not the 11140 made.
-            assert!(most <= 3000, "{most} inodes in memory at once");
+            // clean ones the prunes have not reached yet: bounded, not the 11140 made
+            // (at most 3,000 on an idle machine, 4,400 seen with both CPUs busy).
+            assert!(most <= 6000, "{most} inodes in memory at once");
         } else {
             assert_eq!(taken, 0, "the journal is far from full: no checkpoint");
             assert!(most > 10_000, "every inode stays: {most}");

@@ -93,9 +93,10 @@ impl Vol {
         // Journal writes that completed are finished first, oldest first: their
         // waiters are released before anything new is decided.
         self.finish_commits(usize::MAX);
+        self.release_held();
         let now = self.now();
         let interval = self.opts.commit_interval_ms * NSEC_PER_MSEC;
-        let (need_commit, need_barrier, force, stop, multi, avg) = {
+        let (need_commit, need_barrier, force, stop, multi, avg, bg_busy) = {
             let j = self.jn.lock();
             if j.error.is_some() {
                 return false;
@@ -107,6 +108,7 @@ impl Vol {
                 j.stop,
                 j.multi_sync,
                 j.avg_commit_ns,
+                j.bg_ckpt_running,
             )
         };
         if stop {
@@ -117,7 +119,9 @@ impl Vol {
             (
                 !st.txn.is_empty() || !st.txn_inodes.is_empty(),
                 st.txn_first_ns,
-                st.txn_full() || st.meta_full(),
+                // Changed inodes past the limit call for a checkpoint: not another
+                // while one is written (its end wakes this thread).
+                st.txn_full() || (st.meta_full() && !bg_busy),
             )
         };
         let periodic = pending && (full || first.is_some_and(|t| now >= t + interval));
@@ -232,11 +236,23 @@ impl Vol {
         // A home write must never land in a block another file got meanwhile: the
         // blocks this transaction freed are released once its home writes completed.
         self.wait_home(d.tid);
-        {
+        let released = {
             let mut st = self.st.lock();
-            let r = st.meta.alloc.commit(d.tid).map(|_| ());
+            // Not past a background checkpoint's transaction while it is written: its
+            // nodes are allocated meanwhile, and must lie in blocks free in the state
+            // it describes (`root_image` takes them from that state's free space).
+            // `release_held` lets the rest go once it ends.
+            let release_to = {
+                let j = self.jn.lock();
+                match j.bg_ckpt_running {
+                    true => d.tid.min(j.bg_ckpt_tid),
+                    false => d.tid,
+                }
+            };
+            let r = st.meta.alloc.commit(release_to).map(|_| ());
             st.allocator_broken("releasing the blocks a commit freed", r);
-        }
+            release_to
+        };
         let took = self.now().saturating_sub(d.t0_ns);
         let mut j = self.jn.lock();
         let before = j.committed;
@@ -248,7 +264,7 @@ impl Vol {
             j.closed
         );
         j.committed = d.tid;
-        j.released = d.tid;
+        j.released = j.released.max(released);
         if let Some(g) = d.gen {
             debug_assert!(g > j.barrier_done, "barrier {g} finished out of order");
             j.barrier_done = g;
@@ -278,6 +294,24 @@ impl Vol {
             "jbd2_commit",
             || json!({"tid": tid, "records": nrec, "bytes": bytes, "checkpoint": checkpoint, "ns": took}),
         );
+    }
+
+    /// Release the blocks freed by transactions committed while a background checkpoint
+    /// was written (`durable` held them back), once it has ended.
+    fn release_held(&self) {
+        let mut st = self.st.lock();
+        let committed = {
+            let j = self.jn.lock();
+            if j.bg_ckpt_running || j.released >= j.committed {
+                return;
+            }
+            j.committed
+        };
+        let r = st.meta.alloc.commit(committed).map(|_| ());
+        st.allocator_broken("releasing the blocks a commit freed", r);
+        drop(st);
+        self.jn.lock().released = committed;
+        self.jcv.notify_all();
     }
 
     /// A bare cache flush for the data barrier waiters.
@@ -572,6 +606,7 @@ impl Vol {
                     // Replay of the checkpoint starts where the next transaction goes.
                     let journal_pos = j.ring.head;
                     j.bg_ckpt_running = true;
+                    j.bg_ckpt_tid = tid;
                     drop(j);
                     self.start_background_checkpoint(capture, tid, journal_pos, t0);
                 }

@@ -917,6 +917,8 @@ pub(super) struct JState {
     /// A checkpoint is being written in the background (`Vol::bg_ckpt`): its commit
     /// went to the journal, and the tail moves up once it is durable.
     pub bg_ckpt_running: bool,
+    /// The transaction that checkpoint holds.
+    pub bg_ckpt_tid: u64,
     /// Checkpoints written in place of a commit (`Vol::checkpoint_now` waits for one).
     pub sync_ckpts: u64,
     pub ckpt_seq: u64,
