@@ -299,10 +299,15 @@ impl Vol {
     /// Release the blocks freed by transactions committed while a background checkpoint
     /// was written (`durable` held them back), once it has ended.
     fn release_held(&self) {
+        let held = |j: &JState| !j.bg_ckpt_running && j.released < j.committed;
+        // Asked at every turn of the committer: `st` only when there is work.
+        if !held(&self.jn.lock()) {
+            return;
+        }
         let mut st = self.st.lock();
         let committed = {
             let j = self.jn.lock();
-            if j.bg_ckpt_running || j.released >= j.committed {
+            if !held(&j) {
                 return;
             }
             j.committed
