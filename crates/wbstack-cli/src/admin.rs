@@ -29,7 +29,8 @@ pub struct MkfsReport {
     pub journal_blocks: u64,
     pub checkpoint_blocks: u64,
     pub fs_id: String,
-    /// The format version written (3: whole-metadata checkpoints; 5: the metadata tree).
+    /// The format version written (3: whole-metadata checkpoints; 5: the metadata tree; 6: and
+    /// its journal a ring).
     pub format: u32,
     pub seconds: f64,
 }

@@ -6,7 +6,7 @@
 use super::checkpoint::alloc_nodes;
 use super::checkpoint::root_record;
 use super::error::{FsError, FsResult};
-use super::format::{Checkpoint, Txn, BLOCK_SIZE, TREE_VERSION};
+use super::format::{Checkpoint, Txn, BLOCK_SIZE, RING_VERSION, TREE_VERSION};
 use super::metatree;
 use super::volume::{JState, Vol, TID_WAIT_SLOTS};
 use crate::block::{Bio, BioEndIo, BioFlags, BioWait, BlkResult};
@@ -430,7 +430,8 @@ impl Vol {
             // records, and the bound covers the ones a journal write carries.
             let restated_max = Txn::len_of_body(st.txn_bytes + st.restate_max_bytes());
             let max_blocks = (restated_max as u64).div_ceil(PAGE);
-            let tree = self.sb.version >= TREE_VERSION;
+            // Background checkpoints need a journal a version 5 binary would not misread.
+            let tree = self.sb.version >= RING_VERSION;
             // In place of a commit (the committer waits for it): asked for, no room in
             // the journal, or a format without background checkpoints. In the
             // background (`fs::jspace`): the journal half full or the changed inodes

@@ -11,21 +11,26 @@ pub const SB_MAGIC: u64 = u64::from_le_bytes(*b"WBSTACK1");
 /// extended attributes; version 3 journaled data blocks (`Record::DataBlock`,
 /// `Record::Revoke`); version 4 the metadata tree; version 5 a tree mount need not
 /// read whole (a directory's parent and subdirectory count in its inode record, the
-/// inode count and the free space in the checkpoint record). Older images are read and
-/// upgraded at mount.
-pub const FORMAT_VERSION: u32 = 5;
+/// inode count and the free space in the checkpoint record); version 6 the journal as a
+/// ring (`fs::jspace`: a transaction may wrap to the journal's start behind a checkpoint
+/// written in the background, which a version 5 binary's replay would not follow: it
+/// meets a version error instead). Older images are read and upgraded at mount.
+pub const FORMAT_VERSION: u32 = 6;
 /// The whole-metadata checkpoint's version: what mkfs writes when asked for it
 /// (`MkfsOptions::format`), and what an older image of that kind becomes at its first
 /// mount.
 pub const WHOLE_VERSION: u32 = 3;
 /// The first version whose checkpoint is the metadata tree.
 pub const TREE_VERSION: u32 = 4;
-/// The tree version mkfs writes and a version 4 image becomes at its first mount.
+/// The first tree version a mount need not read whole.
 pub const LAZY_VERSION: u32 = 5;
+/// The tree version mkfs writes, and a version 4 or 5 image becomes at its first
+/// mount: its journal is a ring.
+pub const RING_VERSION: u32 = 6;
 /// What mkfs writes unless asked: the metadata tree, read on demand (faster than
 /// version 3 from a few hundred thousand files on, and its mount does not grow with
 /// them).
-pub const DEFAULT_VERSION: u32 = LAZY_VERSION;
+pub const DEFAULT_VERSION: u32 = RING_VERSION;
 /// The oldest version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 pub const TXN_MAGIC: u32 = u32::from_le_bytes(*b"TXN1");

@@ -19,7 +19,7 @@ use super::checkpoint::{alloc_nodes, meta_reserve, root_image, root_record, Meta
 use super::error::{FsError, FsResult};
 use super::format::{
     Checkpoint, FormatError, Record, Records, Superblock, Txn, BLOCK_SIZE, DEFAULT_VERSION,
-    LAZY_VERSION, SB_BLOCKS, TREE_VERSION, WHOLE_VERSION,
+    LAZY_VERSION, RING_VERSION, SB_BLOCKS, TREE_VERSION, WHOLE_VERSION,
 };
 use super::meta::{ApplyMode, Meta, MetaError};
 use super::metatree;
@@ -49,7 +49,8 @@ pub struct MkfsOptions {
     /// Filesystem id stamped into every structure (random when None).
     pub fs_id: Option<u64>,
     /// Format version to write: 3 (whole-metadata checkpoints) or 5 (the metadata
-    /// tree); None: `DEFAULT_VERSION` (5).
+    /// tree; 5, the same without the journal ring, upgraded at the first mount); None:
+    /// `DEFAULT_VERSION` (6).
     pub format: Option<u32>,
 }
 
@@ -101,10 +102,10 @@ pub fn mkfs(q: &Arc<RequestQueue>, o: &MkfsOptions) -> FsResult<Superblock> {
     let mut sb = Superblock::layout(nr, fs_id, now).map_err(FsError::Format)?;
     sb.version = match o.format {
         None => DEFAULT_VERSION,
-        Some(v @ (WHOLE_VERSION | LAZY_VERSION)) => v,
+        Some(v @ (WHOLE_VERSION | LAZY_VERSION | RING_VERSION)) => v,
         Some(v) => {
             return Err(FsError::Invalid(format!(
-                "format {v}: mkfs writes format {WHOLE_VERSION} or {LAZY_VERSION}"
+                "format {v}: mkfs writes format {WHOLE_VERSION}, {LAZY_VERSION} or {RING_VERSION}"
             )))
         }
     };
@@ -470,7 +471,7 @@ fn needs_checkpoint(l: &Loaded) -> bool {
 /// image's, format 3.
 fn upgraded_version(sb: &Superblock) -> u32 {
     if sb.version >= TREE_VERSION {
-        LAZY_VERSION
+        RING_VERSION
     } else {
         WHOLE_VERSION
     }

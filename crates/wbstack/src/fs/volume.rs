@@ -211,12 +211,12 @@ impl MountOptions {
             }
             "format" => {
                 let v = u32::try_from(num()?).map_err(|e| bad(e.to_string()))?;
-                if v != super::format::WHOLE_VERSION && v != super::format::LAZY_VERSION {
+                use super::format::{LAZY_VERSION, RING_VERSION, WHOLE_VERSION};
+                if ![WHOLE_VERSION, LAZY_VERSION, RING_VERSION].contains(&v) {
                     return Err(bad(format!(
-                        "a new volume is format {} (the whole-metadata image) or {} (the \
-                         metadata tree)",
-                        super::format::WHOLE_VERSION,
-                        super::format::LAZY_VERSION
+                        "a new volume is format {WHOLE_VERSION} (the whole-metadata image), \
+                         {LAZY_VERSION} or {RING_VERSION} (the metadata tree; 5 becomes 6 at \
+                         its first mount)"
                     )));
                 }
                 self.format = Some(v);
