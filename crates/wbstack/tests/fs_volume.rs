@@ -209,6 +209,33 @@ fn enospc_fails_the_write_and_loses_nothing_fsynced() {
     assert_clean(&q);
 }
 
+/// `/f{n}`: 100 bytes of its pattern, fsynced (one commit).
+fn fsynced_file(v: &Volume, n: u64) {
+    let f = v.create(&format!("/f{n}")).unwrap();
+    f.write_at(0, &pattern(n, 100)).unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+}
+
+/// Cut the power, remount, and find `/f0` .. `/f{n-1}` as `fsynced_file` wrote them:
+/// the newest checkpoint plus the journal after it must hold everything.
+fn crash_and_find_fsynced_files(q: &Arc<RequestQueue>, v: Volume, n: u64) {
+    sim(q).power_cut(false);
+    v.crash();
+    sim(q).reboot();
+    assert_clean(q);
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            read_file(&v, &format!("/f{i}")),
+            pattern(i, 100),
+            "file {i} of {n}"
+        );
+    }
+    v.unmount().unwrap();
+    assert_clean(q);
+}
+
 #[test]
 fn journal_wraps_through_checkpoints_and_replays() {
     let (q, v) = fresh("sim:ssd,size=64M");
@@ -216,29 +243,13 @@ fn journal_wraps_through_checkpoints_and_replays() {
     let mut n = 0;
     // Enough fsynced creates to fill the journal several times over.
     while v.journal_stats().checkpoints < 3 {
-        let f = v.create(&format!("/f{n}")).unwrap();
-        f.write_at(0, &pattern(n, 100)).unwrap();
-        f.fsync().unwrap();
-        f.close().unwrap();
+        fsynced_file(&v, n);
         n += 1;
         assert!(n < 100 * jblocks, "no checkpoint after {n} commits");
     }
     let js = v.journal_stats();
     assert!(js.commits > jblocks / 2, "{js:?}");
-    // Crash: the newest checkpoint plus the journal after it must hold everything.
-    sim(&q).power_cut(false);
-    v.crash();
-    sim(&q).reboot();
-    assert_clean(&q);
-    let v = Volume::mount(q.clone(), quiet()).unwrap();
-    for i in 0..n {
-        assert_eq!(
-            read_file(&v, &format!("/f{i}")),
-            pattern(i, 100),
-            "file {i}"
-        );
-    }
-    v.unmount().unwrap();
+    crash_and_find_fsynced_files(&q, v, n);
 }
 
 /// Background checkpoints let the journal run on as a ring: transactions wrap to its
@@ -252,10 +263,7 @@ fn journal_ring_wraps_behind_background_checkpoints_and_replays() {
         let mut n = 0;
         let mut wrapped_at = None;
         loop {
-            let f = v.create(&format!("/f{n}")).unwrap();
-            f.write_at(0, &pattern(n, 100)).unwrap();
-            f.fsync().unwrap();
-            f.close().unwrap();
+            fsynced_file(&v, n);
             n += 1;
             assert!(n < 100 * jblocks, "no wrap after {n} commits");
             let js = v.journal_stats();
@@ -270,20 +278,7 @@ fn journal_ring_wraps_behind_background_checkpoints_and_replays() {
         // Every checkpoint went in the background, none in place of a commit.
         assert!(js.checkpoints_background >= 2, "{js:?}");
         assert_eq!(js.checkpoints, js.checkpoints_background, "{js:?}");
-        sim(&q).power_cut(false);
-        v.crash();
-        sim(&q).reboot();
-        assert_clean(&q);
-        let v = Volume::mount(q.clone(), quiet()).unwrap();
-        for i in 0..n {
-            assert_eq!(
-                read_file(&v, &format!("/f{i}")),
-                pattern(i, 100),
-                "file {i} of {n} (extra {extra})"
-            );
-        }
-        v.unmount().unwrap();
-        assert_clean(&q);
+        crash_and_find_fsynced_files(&q, v, n);
     }
 }
 
