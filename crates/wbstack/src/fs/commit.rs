@@ -33,6 +33,37 @@ pub(super) fn committer(weak: Weak<Vol>) {
     }
 }
 
+/// A background checkpoint for the checkpoint thread (`Vol::background_checkpoint`).
+pub(super) struct CheckpointJob {
+    capture: Option<metatree::Captured>,
+    tid: u64,
+    journal_pos: u64,
+    t0_ns: u64,
+}
+
+/// The checkpoint thread: one per volume, started with the committer, so a checkpoint
+/// costs no thread of its own. It ends when the volume drops its sender.
+pub(super) fn checkpointer(weak: Weak<Vol>, jobs: std::sync::mpsc::Receiver<CheckpointJob>) {
+    for job in jobs {
+        let Some(vol) = weak.upgrade() else { return };
+        vol.background_checkpoint(job.capture, job.tid, job.journal_pos, job.t0_ns);
+    }
+}
+
+/// Join the thread in `slot`, unless it is the calling one (a volume may be stopped
+/// from its own committer or checkpoint thread). Err if it panicked.
+pub(super) fn join_thread(
+    slot: &parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+) -> std::thread::Result<()> {
+    let Some(h) = slot.lock().take() else {
+        return Ok(());
+    };
+    if h.thread().id() == std::thread::current().id() {
+        return Ok(());
+    }
+    h.join()
+}
+
 /// A journal write in flight (`MountOptions::logbufs`): what finishing it records.
 pub(super) struct CommitInFlight {
     what: Durable,
@@ -355,11 +386,11 @@ impl Vol {
             self.jn.lock().stats.checkpoint_waits += 1;
             self.wait_background_checkpoint();
         }
-        let (ring, bg_busy, jblocks) = {
-            let j = self.jn.lock();
-            (j.ring, j.bg_ckpt_running, self.sb.journal_blocks)
-        };
-        let (tid, payload, nrec, home, covered, bg_capture) = {
+        let (tid, payload, nrec, home, covered, bg_capture) = loop {
+            let (ring, bg_busy, jblocks) = {
+                let j = self.jn.lock();
+                (j.ring, j.bg_ckpt_running, self.sb.journal_blocks)
+            };
             let mut st = self.st.lock();
             // Ordered data (rename over an existing file): the transaction holding the
             // rename waits for the renamed file's data, so it cannot reach the disk
@@ -440,10 +471,12 @@ impl Vol {
                 || ring.place(max_blocks).is_none()
                 || (!tree && (ring.used() + max_blocks > jblocks * 3 / 4 || st.meta_full()));
             if ckpt && bg_busy {
+                // Known only once the transaction's size is: the next turn finds no
+                // checkpoint in flight (only this thread starts one).
                 drop(st);
                 self.jn.lock().stats.checkpoint_waits += 1;
                 self.wait_background_checkpoint();
-                return self.commit(force_ckpt);
+                continue;
             }
             let bg =
                 !ckpt && tree && !bg_busy && (ring.background_due(max_blocks) || st.meta_full());
@@ -527,7 +560,7 @@ impl Vol {
                 j.stats.checkpoint_close_ns += held_ns;
                 j.stats.checkpoint_close_max_ns = j.stats.checkpoint_close_max_ns.max(held_ns);
             }
-            (tid, payload, nrec, home, covered, bg_capture)
+            break (tid, payload, nrec, home, covered, bg_capture);
         };
         drop(covered);
         self.submit_home(home);
@@ -730,8 +763,8 @@ impl Vol {
         Ok(w.bytes + enc.len() as u64)
     }
 
-    /// Write a checkpoint of the state as of transaction `tid` (closed, its journal
-    /// write submitted) on a thread of its own, while commits go on (`fs::jspace`).
+    /// Hand the checkpoint of the state as of transaction `tid` (closed, its journal
+    /// write submitted) to the checkpoint thread, while commits go on (`fs::jspace`).
     fn start_background_checkpoint(
         &self,
         capture: Option<metatree::Captured>,
@@ -739,21 +772,20 @@ impl Vol {
         journal_pos: u64,
         t0: u64,
     ) {
-        let weak = self.aops.vol.lock().clone();
-        let spawned = std::thread::Builder::new()
-            .name("fs-ckpt".into())
-            .spawn(move || {
-                // The volume outlives this thread: stopping it joins this one.
-                if let Some(vol) = weak.upgrade() {
-                    vol.background_checkpoint(capture, tid, journal_pos, t0);
-                }
-            });
-        match spawned {
-            Ok(h) => *self.bg_ckpt.lock() = Some(h),
-            Err(e) => {
-                self.jn.lock().bg_ckpt_running = false;
-                self.abort(format!("cannot start a checkpoint thread ({e})"));
-            }
+        let job = CheckpointJob {
+            capture,
+            tid,
+            journal_pos,
+            t0_ns: t0,
+        };
+        let sent = match &*self.ckpt_tx.lock() {
+            Some(tx) => tx.send(job).is_ok(),
+            None => false,
+        };
+        if !sent {
+            // Only a stopped volume has no checkpoint thread.
+            self.jn.lock().bg_ckpt_running = false;
+            self.abort("the checkpoint thread has stopped".into());
         }
     }
 
@@ -803,15 +835,20 @@ impl Vol {
 
     /// Wait for the background checkpoint in flight, if any, to end.
     pub(super) fn wait_background_checkpoint(&self) {
-        let Some(h) = self.bg_ckpt.lock().take() else {
-            return;
-        };
-        if h.thread().id() == std::thread::current().id() {
-            return;
-        }
-        if h.join().is_err() {
-            self.jn.lock().bg_ckpt_running = false;
-            self.abort("the checkpoint thread panicked".into());
+        let mut j = self.jn.lock();
+        while j.bg_ckpt_running {
+            // Bounded: a checkpoint thread that died mid-write never clears the flag.
+            let timed_out = self
+                .jcv
+                .wait_for(&mut j, std::time::Duration::from_millis(100))
+                .timed_out();
+            let dead = self.bg_ckpt.lock().as_ref().is_none_or(|h| h.is_finished());
+            if timed_out && j.bg_ckpt_running && dead {
+                j.bg_ckpt_running = false;
+                drop(j);
+                self.abort("the checkpoint thread stopped in a checkpoint".into());
+                return;
+            }
         }
     }
 

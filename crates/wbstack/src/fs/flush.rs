@@ -156,13 +156,18 @@ impl Vol {
                 self.bdi.inode_maybe_clean(*ino);
             }
         }
+        // A truncation that cannot be journaled (the volume failed) fails the flush
+        // that asked for it: its promise was the truncated size.
+        let mut resolve_err: HashMap<u64, FsError> = HashMap::new();
         {
             let mut st = self.st.lock();
             for r in batch.iter().filter(|r| r.resolve || r.state.is_some()) {
                 self.wait_truncations(&mut st, Some(r.ino));
             }
             for r in batch.iter().filter(|r| r.resolve) {
-                let _ = self.resolve_trunc(&mut st, r.ino);
+                if let Err(e) = self.resolve_trunc(&mut st, r.ino) {
+                    resolve_err.insert(r.ino, e);
+                }
             }
         }
         let mut waiters = Vec::new();
@@ -171,9 +176,10 @@ impl Vol {
                 continue;
             };
             let e = r.mapping.wb_err().check_and_advance(&mut since.lock());
-            let res = match sub_err.get(&r.ino) {
-                Some(e) => Err(FsError::from(e.clone())),
-                None => errno_result(e),
+            let res = match (sub_err.get(&r.ino), resolve_err.get(&r.ino)) {
+                (Some(e), _) => Err(FsError::from(e.clone())),
+                (None, Some(e)) => Err(e.clone()),
+                (None, None) => errno_result(e),
             };
             if let Err(e) = res {
                 state.complete(Err(e));

@@ -807,6 +807,7 @@ impl Volume {
             aops: aops.clone(),
             committer: Mutex::new(None),
             bg_ckpt: Mutex::new(None),
+            ckpt_tx: Mutex::new(None),
             unmounted: AtomicBool::new(false),
             barrier_started: AtomicU64::new(0),
             sb_err: crate::mm::ErrSeq::new(),
@@ -822,7 +823,17 @@ impl Volume {
             .spawn(move || super::commit::committer(weak))
             .map_err(|e| FsError::Invalid(format!("cannot start the commit thread: {e}")))?;
         *vol.committer.lock() = Some(h);
-        Ok(Volume { vol })
+        let (tx, rx) = std::sync::mpsc::channel();
+        let weak = Arc::downgrade(&vol);
+        let h = std::thread::Builder::new()
+            .name("fs-ckpt".into())
+            .spawn(move || super::commit::checkpointer(weak, rx))
+            .map_err(|e| FsError::Invalid(format!("cannot start the checkpoint thread: {e}")));
+        let volume = Volume { vol };
+        // On an error the volume is dropped here, which stops its committer.
+        *volume.vol.bg_ckpt.lock() = Some(h?);
+        *volume.vol.ckpt_tx.lock() = Some(tx);
+        Ok(volume)
     }
 
     /// Make every metadata change made so far durable (what fsync of a directory
@@ -966,13 +977,16 @@ impl Vol {
         self.settle_async();
         self.fail_home();
         self.jwaiter.kick();
-        if let Some(h) = self.committer.lock().take() {
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
-            }
+        let committer = super::commit::join_thread(&self.committer);
+        // After the journal's error is set: a checkpoint in flight writes no root.
+        // Dropping the sender ends the checkpoint thread once its job is done.
+        drop(self.ckpt_tx.lock().take());
+        let checkpointer = super::commit::join_thread(&self.bg_ckpt);
+        if committer.is_err() || checkpointer.is_err() {
+            // Its panic message is on stderr; what it may have left unwritten is
+            // reported as a writeback error to the next syncfs.
+            self.sb_err.set(libc::EIO);
         }
-        // After the journal's error is set: it writes no root.
-        self.wait_background_checkpoint();
         self.bdi.shutdown();
         // Break the cycle mapping -> bdi -> mapping of inodes still on the lists.
         let inos: Vec<u64> = self.icache.lock().drain();

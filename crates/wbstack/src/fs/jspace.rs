@@ -40,11 +40,7 @@ impl JournalRing {
 
     /// Blocks replay would read (with those skipped at the end by a wrap).
     pub fn used(&self) -> u64 {
-        if self.head >= self.tail {
-            self.head - self.tail
-        } else {
-            self.blocks - self.tail + self.head
-        }
+        self.used_from(self.tail)
     }
 
     /// Where a transaction of `len` blocks goes, if it fits without overwriting

@@ -980,8 +980,10 @@ pub(super) struct Vol {
     pub jwaiter: Arc<crate::clock::Waiter>,
     pub aops: Arc<Aops>,
     pub committer: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// The thread writing a background checkpoint (`JState::bg_ckpt_running`).
+    /// The thread writing background checkpoints (`JState::bg_ckpt_running`), and
+    /// where the committer hands them to it.
     pub bg_ckpt: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub ckpt_tx: Mutex<Option<std::sync::mpsc::Sender<super::commit::CheckpointJob>>>,
     pub unmounted: AtomicBool,
     /// Mirror of `jn.barrier_started`, read by completions without the journal lock.
     pub barrier_started: AtomicU64,
