@@ -254,6 +254,7 @@ fn logbufs_is_a_mount_option_and_a_knob_with_bounds() {
         let e = o.parse(bad).unwrap_err().to_string();
         assert!(e.contains("logbufs"), "{bad}: {e}");
     }
+    assert_eq!(MountOptions::default().logbufs, 8, "XFS's default");
     let (_gate, _q, v) = gated(2);
     assert_eq!(v.tunable("logbufs").unwrap(), "2");
     v.set_tunable("logbufs", "1").unwrap();

@@ -33,6 +33,48 @@ pub(super) fn committer(weak: Weak<Vol>) {
     }
 }
 
+/// What decides how many syncs a commit waits for (`group_to_wait_for`).
+pub(super) struct GroupInputs {
+    /// The commit will flush the cache first (PREFLUSH).
+    pub flushes: bool,
+    pub in_flight: usize,
+    pub logbufs: usize,
+    /// How many syncs the last batched commit carried.
+    pub last_group: usize,
+    /// How many threads wait on the journal as one more starts to (moving average,
+    /// times 16: `JState::syncers_x16`).
+    pub syncers_x16: u64,
+}
+
+/// How many syncs a commit that several threads wait for gathers before it leaves.
+/// One that will flush the cache (PREFLUSH, the costly part, one per commit), or that
+/// has no free log buffer (it waits anyway), waits for as many as the last group: the
+/// fewer flushes the better. One without a flush is one FUA write, and the device
+/// serves the writes in flight side by side: it leaves with half the threads that
+/// sync, so two groups alternate, each gathering while the other's write is in
+/// flight, instead of one group of all of them whose arrivals the device idles
+/// through. Half, not one: every commit is a device IO, and a group of half keeps
+/// the fsyncs per IO at half the threads.
+pub(super) fn group_to_wait_for(g: &GroupInputs) -> usize {
+    if g.flushes || g.in_flight >= writes_in_flight(g) {
+        return g.last_group;
+    }
+    (g.syncers_x16.div_ceil(32) as usize).max(1)
+}
+
+/// How many journal writes may be in flight once this commit's is: `logbufs`, but at
+/// most two for a commit that flushes the cache. Flushes are served one after the
+/// other, so a third commit in flight adds no overlap, only splits the syncs into
+/// more groups, each with its flush (8 threads of small ordered fsyncs on sim:ssd:
+/// 17,727 commits with eight against 12,889 with two, and 15% fewer files/s).
+pub(super) fn writes_in_flight(g: &GroupInputs) -> usize {
+    if g.flushes {
+        g.logbufs.min(2)
+    } else {
+        g.logbufs
+    }
+}
+
 /// A background checkpoint for the checkpoint thread (`Vol::background_checkpoint`).
 pub(super) struct CheckpointJob {
     capture: Option<metatree::Captured>,
@@ -185,12 +227,14 @@ impl Vol {
             self.clock.wait_until(&self.jwaiter, deadline);
             return true;
         }
+        let group = self.group_inputs();
         if need_commit && multi && !force {
             // Batching (jbd2's purpose, keyed to arrivals): when several threads sync,
-            // wait for as many as joined the last commit, at most the average commit
+            // wait for a group (`group_to_wait_for`), at most the average commit
             // time (bounded by min/max_batch_time). Threads the last commit released
             // are still on their way (close, create, write its data) when a commit
             // could leave at once; waiting for them halves the commits.
+            let group = group_to_wait_for(&group);
             let c = avg.clamp(
                 self.opts.min_batch_us * NSEC_PER_USEC,
                 self.opts.max_batch_us * NSEC_PER_USEC,
@@ -199,7 +243,7 @@ impl Vol {
             loop {
                 {
                     let j = self.jn.lock();
-                    if j.stop || j.waiting_for_running() >= j.last_group {
+                    if j.stop || j.waiting_for_running() >= group {
                         break;
                     }
                 }
@@ -221,11 +265,26 @@ impl Vol {
             self.barrier_only();
             return true;
         }
-        // A free log buffer: at most `logbufs` journal writes in flight.
-        let logbufs = self.logbufs.load(Ordering::Relaxed).max(1);
-        self.finish_commits(logbufs - 1);
+        // A free log buffer: at most `logbufs` journal writes in flight (two for one
+        // that flushes the cache: `writes_in_flight`).
+        self.finish_commits(writes_in_flight(&group) - 1);
         self.commit(force);
         true
+    }
+
+    /// What `group_to_wait_for` and `writes_in_flight` decide on, as of now.
+    fn group_inputs(&self) -> GroupInputs {
+        let j = self.jn.lock();
+        let flushes = self.commit_flush_always.load(Ordering::Relaxed)
+            || self.q.volatile_writes() != j.flushed_writes
+            || j.barrier_want > j.barrier_started;
+        GroupInputs {
+            flushes,
+            in_flight: j.in_flight.len(),
+            logbufs: self.logbufs.load(Ordering::Relaxed).max(1),
+            last_group: j.last_group,
+            syncers_x16: j.syncers_x16,
+        }
     }
 
     /// Finish the journal writes in flight in order, waiting for the oldest while more
@@ -1001,6 +1060,9 @@ impl Vol {
         if asked {
             j.multi_sync = j.last_sync_thread.is_some_and(|t| t != me);
             j.last_sync_thread = Some(me);
+            // This one and those already waiting (`group_to_wait_for`).
+            let syncers = j.sync_waiting.values().sum::<usize>() as u64 + 1;
+            j.syncers_x16 = (j.syncers_x16 * 7 + syncers * 16) / 8;
             j.stats.sync_waits += 1;
             *j.sync_waiting.entry(tid).or_default() += 1;
             self.jwaiter.kick();
@@ -1029,5 +1091,45 @@ impl Vol {
             }
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{group_to_wait_for, writes_in_flight, GroupInputs};
+
+    fn inputs(flushes: bool, in_flight: usize, syncers: u64) -> GroupInputs {
+        GroupInputs {
+            flushes,
+            in_flight,
+            logbufs: 8,
+            last_group: 8,
+            syncers_x16: syncers * 16,
+        }
+    }
+
+    #[test]
+    fn a_commit_without_a_flush_gathers_half_the_syncing_threads() {
+        // Eight threads sync: a FUA-only commit with a free log buffer takes four.
+        assert_eq!(group_to_wait_for(&inputs(false, 0, 8)), 4);
+        assert_eq!(group_to_wait_for(&inputs(false, 7, 7)), 4);
+        // Two or one: it leaves with the first.
+        assert_eq!(group_to_wait_for(&inputs(false, 1, 2)), 1);
+        assert_eq!(group_to_wait_for(&inputs(false, 0, 0)), 1);
+        // It flushes the cache, or every log buffer is busy: the last group.
+        assert_eq!(group_to_wait_for(&inputs(true, 0, 8)), 8);
+        assert_eq!(group_to_wait_for(&inputs(false, 8, 8)), 8);
+        assert_eq!(group_to_wait_for(&inputs(true, 2, 8)), 8);
+    }
+
+    #[test]
+    fn a_commit_that_flushes_has_at_most_one_write_in_flight_beside_it() {
+        assert_eq!(writes_in_flight(&inputs(false, 0, 8)), 8);
+        assert_eq!(writes_in_flight(&inputs(true, 0, 8)), 2);
+        let one = GroupInputs {
+            logbufs: 1,
+            ..inputs(true, 0, 8)
+        };
+        assert_eq!(writes_in_flight(&one), 1);
     }
 }
