@@ -113,6 +113,8 @@ impl BenchFs for VolumeFs {
                 "dropped": ic.inodes_dropped,
                 "mappings_cached": ic.cached,
                 "live": ic.live,
+                "node_cache_bytes": ic.node_cache_bytes,
+                "node_cache_misses": ic.node_cache_misses,
             },
             "wbt": {
                 "enabled": w.enabled,

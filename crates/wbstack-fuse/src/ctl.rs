@@ -145,6 +145,9 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
         ("inodes_resident", ic.inodes_resident),
         ("inodes_read_back", ic.inodes_read_back),
         ("inodes_dropped", ic.inodes_dropped),
+        ("node_cache_bytes", ic.node_cache_bytes),
+        ("node_cache_hits", ic.node_cache_hits),
+        ("node_cache_misses", ic.node_cache_misses),
         ("fuse_requests", counters.total()),
         ("data_start_sector", vol.superblock().data_start * 8),
     ];

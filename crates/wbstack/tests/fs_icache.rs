@@ -186,3 +186,45 @@ fn an_unreported_writeback_error_keeps_its_inode_cached() {
         "the error outlives the pages and the churn"
     );
 }
+
+/// The metadata tree's node cache keeps to `node_cache` (a mount option and a knob):
+/// a checkpoint of thousands of inodes fills it only up to the limit, inodes read back
+/// past it find their nodes on the device (counted as misses), and a lower limit drops
+/// nodes at once.
+#[test]
+fn the_node_cache_keeps_to_its_limit() {
+    let mut o = limit(16);
+    o.parse("node_cache=64k").unwrap();
+    assert_eq!(o.node_cache, 64 << 10);
+    let (_q, v) = fresh_with("sim:ssd,size=256M", o);
+    assert_eq!(v.tunable("node_cache").unwrap(), "65536");
+    let n = 3000;
+    for i in 0..n {
+        touch(&v, &format!("/f{i}"));
+    }
+    v.checkpoint().unwrap();
+    let s = v.inode_cache_stats();
+    assert!(
+        s.node_cache_bytes > 0 && s.node_cache_bytes <= 64 << 10,
+        "{s:?}"
+    );
+    // Most inodes left memory once the checkpoint held them; each comes back through
+    // its leaf, which the small cache no longer holds.
+    touch(&v, "/churn");
+    for i in 0..n {
+        v.stat(&format!("/f{i}")).unwrap();
+    }
+    let after = v.inode_cache_stats();
+    assert!(after.inodes_read_back > 0, "{after:?}");
+    assert!(
+        after.node_cache_misses > s.node_cache_misses,
+        "nodes read from the device: {s:?} then {after:?}"
+    );
+    assert!(after.node_cache_bytes <= 64 << 10, "{after:?}");
+    v.set_tunable("node_cache", "4096").unwrap();
+    assert_eq!(v.tunable("node_cache").unwrap(), "4096");
+    assert!(v.inode_cache_stats().node_cache_bytes <= 4096);
+    assert!(v.set_tunable("node_cache", "lots").is_err());
+    assert_eq!(v.tunable("node_cache").unwrap(), "4096");
+    v.unmount().unwrap();
+}

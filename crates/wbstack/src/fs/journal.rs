@@ -738,6 +738,7 @@ impl Volume {
         }
         let cache = PageCache::new(opts.cache.clone());
         let inode_cache = opts.inode_cache;
+        let node_cache = opts.node_cache;
         let bdi = Bdi::new(q.clone(), cache.clone(), opts.wb.clone());
         let aops = Arc::new(Aops {
             vol: Mutex::new(Weak::new()),
@@ -789,6 +790,10 @@ impl Volume {
                 wall_offset_ns,
             }),
             icache: Mutex::new(super::icache::InodeCache::new(inode_cache)),
+            nodes: l.tree.as_ref().map(|t| {
+                t.store.set_cache_limit(node_cache);
+                t.store.clone()
+            }),
             tree: Mutex::new(l.tree),
             jn: Mutex::new(JState {
                 committed: l.last_tid,

@@ -28,6 +28,7 @@ pub const TUNABLES: &[&str] = &[
     "logbufs",
     "iostats",
     "inode_cache",
+    "node_cache",
 ];
 
 fn flag(b: bool) -> String {
@@ -61,6 +62,10 @@ impl Volume {
             "logbufs" => self.vol.logbufs.load(Ordering::Relaxed).to_string(),
             "iostats" => q.iostats().to_string(),
             "inode_cache" => self.vol.icache.lock().limit().to_string(),
+            // Format 3 keeps no tree, and so no node cache.
+            "node_cache" => (self.vol.nodes.as_ref())
+                .map_or(0, |s| s.cache_limit())
+                .to_string(),
             _ => return Err(unknown(key)),
         })
     }
@@ -109,6 +114,14 @@ impl Volume {
                 self.vol.icache.lock().set_limit(o.inode_cache);
                 self.vol.st.lock().meta_limit = o.inode_cache;
             }
+            "node_cache" => match &self.vol.nodes {
+                Some(s) => s.set_cache_limit(o.node_cache),
+                None => {
+                    return Err(FsError::Invalid(
+                        "node_cache: a format 3 volume keeps no metadata tree".into(),
+                    ))
+                }
+            },
             _ => self.bdi().set_config(o.wb),
         }
         Ok(())

@@ -96,6 +96,9 @@ pub struct MountOptions {
     /// Mappings of unused files kept cached (`fs::icache`); past it, unused ones at
     /// rest are evicted, least recently used first.
     pub inode_cache: usize,
+    /// Bytes of metadata tree nodes kept in memory beyond the dirty ones (the tree
+    /// formats' buffer cache: `fs::btree::store`).
+    pub node_cache: usize,
     /// The format a tool's fresh volume is made with (`MkfsOptions::format`: 3, or 4
     /// for the metadata tree); a mount of an existing image ignores it.
     pub format: Option<u32>,
@@ -117,6 +120,7 @@ impl Default for MountOptions {
             commit_flush_always: false,
             logbufs: DEFAULT_LOGBUFS,
             inode_cache: super::icache::DEFAULT_INODE_CACHE,
+            node_cache: super::checkpoint::NODE_CACHE_BYTES,
             format: None,
         }
     }
@@ -129,7 +133,7 @@ impl MountOptions {
         dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
         max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec, \
         wbt_scale_up_when_limited, wbt_judge, journal_data_kb, commit_flush, logbufs, \
-        inode_cache, format";
+        inode_cache, node_cache, format";
 
     /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
     /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
@@ -226,6 +230,9 @@ impl MountOptions {
             }
             "inode_cache" => {
                 self.inode_cache = usize::try_from(num()?).map_err(|e| bad(e.to_string()))?
+            }
+            "node_cache" => {
+                self.node_cache = usize::try_from(size()?).map_err(|e| bad(e.to_string()))?
             }
             _ => {
                 return Err(FsError::Invalid(format!(
@@ -389,12 +396,13 @@ pub struct JournalStats {
     pub data_blocks: u64,
 }
 
-/// What the inode cache holds (`Volume::inode_cache_stats`).
 /// Times an operation runs again after reading back the inodes it missed, at most: a
 /// rerun finds those in memory (they are pinned) and may miss others further on, as
 /// an operation that walks many inodes meets them one at a time.
 const FAULT_RETRIES: usize = 4096;
 
+/// What the inode cache holds (`Volume::inode_cache_stats`), and the metadata tree's
+/// node cache beside it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InodeCacheStats {
     /// File mappings cached, in use or not.
@@ -415,6 +423,11 @@ pub struct InodeCacheStats {
     pub inodes_read_back: u64,
     /// Clean inodes dropped from memory since mount.
     pub inodes_dropped: u64,
+    /// Bytes of tree nodes cached (limit: `node_cache`), and the node lookups it
+    /// answered and missed since mount (0 on format 3: no tree).
+    pub node_cache_bytes: u64,
+    pub node_cache_hits: u64,
+    pub node_cache_misses: u64,
 }
 
 /// The fewest changed inodes that make a checkpoint due whatever `inode_cache` says:
@@ -975,6 +988,9 @@ pub(super) struct Vol {
     pub icache: Mutex<super::icache::InodeCache>,
     /// The metadata tree (`fs::checkpoint`); only checkpoints take it, before `st`.
     pub tree: Mutex<Option<super::checkpoint::MetaTree>>,
+    /// The tree's node cache (its store), for its stats and its limit without the
+    /// tree's lock, which a checkpoint holds for its whole write.
+    pub nodes: Option<Arc<super::btree::store::DeviceStore>>,
     pub jn: Mutex<JState>,
     /// Waiters on the journal's state other than fsync's (releases, checkpoints).
     pub jcv: Condvar,
@@ -2440,6 +2456,7 @@ impl Volume {
         let st = self.vol.st.lock();
         let ic = self.vol.icache.lock();
         let m = st.meta.cache_stats();
+        let nodes = (self.vol.nodes.as_ref()).map_or_else(Default::default, |s| s.stats());
         InodeCacheStats {
             cached: ic.len() as u64,
             live: st.live.len() as u64,
@@ -2449,6 +2466,9 @@ impl Volume {
             inodes_resident: m.resident,
             inodes_read_back: m.faults,
             inodes_dropped: m.evictions,
+            node_cache_bytes: nodes.cached_bytes,
+            node_cache_hits: nodes.hits,
+            node_cache_misses: nodes.misses,
         }
     }
 

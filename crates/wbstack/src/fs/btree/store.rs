@@ -60,6 +60,11 @@ impl NodeCache {
         ) {
             self.bytes -= old.bytes.len();
         }
+        self.shrink();
+    }
+
+    /// Drop nodes, oldest unreferenced first, until the cache is within its limit.
+    fn shrink(&mut self) {
         while self.bytes > self.limit_bytes {
             let Some((b, g)) = self.queue.pop_oldest() else {
                 break;
@@ -153,6 +158,18 @@ impl DeviceStore {
         if let Some(s) = c.map.remove(&block) {
             c.bytes -= s.bytes.len();
         }
+    }
+
+    /// The bytes of nodes the cache keeps (`MountOptions::node_cache`); a lower limit
+    /// drops nodes at once.
+    pub fn cache_limit(&self) -> usize {
+        self.cache.lock().limit_bytes
+    }
+
+    pub fn set_cache_limit(&self, bytes: usize) {
+        let mut c = self.cache.lock();
+        c.limit_bytes = bytes;
+        c.shrink();
     }
 
     pub fn stats(&self) -> StoreStats {
