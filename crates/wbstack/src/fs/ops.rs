@@ -463,7 +463,7 @@ impl Volume {
     ) -> FsResult<(File, Stat)> {
         self.vol.faulting(|| {
             enum Found {
-                Created(u64, std::sync::Arc<crate::mm::Mapping>, Stat),
+                Created(u64, Stat),
                 Existing(u64),
             }
             let found = {
@@ -486,13 +486,16 @@ impl Volume {
                         // Stated and opened in the hold that made it (one hold a
                         // create); the open last, so no error leaves it counted.
                         let s = self.vol.stat_of(&st, ino)?;
-                        let m = self.vol.open_locked(&mut st, ino, o)?;
-                        Found::Created(ino, m, s)
+                        self.vol.open_created(&mut st, ino, o)?;
+                        Found::Created(ino, s)
                     }
                 }
             };
             match found {
-                Found::Created(ino, m, s) => Ok((self.vol.open_file(ino, m, o, true)?, s)),
+                Found::Created(ino, s) => {
+                    let m = self.vol.created_mapping(ino);
+                    Ok((self.vol.open_file(ino, m, o, true)?, s))
+                }
                 Found::Existing(ino) => {
                     let f = self.open_as(c, ino, o)?;
                     let s = f.stat()?;

@@ -1951,6 +1951,42 @@ impl Vol {
         ino: u64,
         o: &OpenOptions,
     ) -> FsResult<Arc<Mapping>> {
+        self.open_checks(st, ino, o)?;
+        let m = self.mapping(st, ino)?;
+        self.open_count(st, ino);
+        Ok(m)
+    }
+
+    /// `open_locked` of a file this hold of `st` just created: its mapping, empty, is
+    /// made after `st` is dropped (`created_mapping`), which keeps an allocation and
+    /// the inode cache's lock out of the hold every namespace operation waits for.
+    /// Counted open, the inode can be neither evicted nor deleted meanwhile, and a
+    /// `Vol::mapping` by another thread in between makes the same empty mapping,
+    /// which the inode cache then hands out to both.
+    pub(super) fn open_created(&self, st: &mut State, ino: u64, o: &OpenOptions) -> FsResult<()> {
+        self.open_checks(st, ino, o)?;
+        debug_assert_eq!(
+            st.inode(ino)?.size,
+            0,
+            "inode {ino} is not a file this hold created"
+        );
+        self.open_count(st, ino);
+        Ok(())
+    }
+
+    /// The mapping of a file `open_created` opened, made without `st`.
+    pub(super) fn created_mapping(&self, ino: u64) -> Arc<Mapping> {
+        let fresh = Mapping::new(ino, 0, self.bdi.clone(), self.aops.clone() as Arc<_>);
+        self.icache.lock().get_or_insert(ino, || fresh)
+    }
+
+    fn open_count(&self, st: &mut State, ino: u64) {
+        st.live.entry(ino).or_default().open += 1;
+        self.prune_icache(st);
+    }
+
+    /// The kind and access checks of an open.
+    fn open_checks(&self, st: &State, ino: u64, o: &OpenOptions) -> FsResult<()> {
         let i = st.inode(ino)?;
         match i.kind {
             InodeKind::Dir => return Err(FsError::IsDir(format!("inode {ino}"))),
@@ -1968,10 +2004,7 @@ impl Vol {
         if o.write {
             st.check_writable()?;
         }
-        let m = self.mapping(st, ino)?;
-        st.live.entry(ino).or_default().open += 1;
-        self.prune_icache(st);
-        Ok(m)
+        Ok(())
     }
 
     /// The rest of an open, without `st`: from here the open is counted, and dropping
@@ -2411,11 +2444,13 @@ impl Volume {
                 } else {
                     Resolved::Found(self.vol.resolve(&st, path, true)?)
                 };
-                let (ino, created) = match found {
+                match found {
                     Resolved::Found(_) if o.create && o.exclusive => {
                         return Err(FsError::Exists(path.to_string()));
                     }
-                    Resolved::Found(ino) => (ino, false),
+                    Resolved::Found(ino) => {
+                        (ino, false, Some(self.vol.open_locked(&mut st, ino, o)?))
+                    }
                     Resolved::Missing { dir, name } => {
                         let ino = self.vol.create_node(
                             &mut st,
@@ -2425,11 +2460,12 @@ impl Volume {
                             o.mode,
                             None,
                         )?;
-                        (ino, true)
+                        self.vol.open_created(&mut st, ino, o)?;
+                        (ino, true, None)
                     }
-                };
-                (ino, created, self.vol.open_locked(&mut st, ino, o)?)
+                }
             };
+            let mapping = mapping.unwrap_or_else(|| self.vol.created_mapping(ino));
             self.vol.open_file(ino, mapping, o, created)
         })
     }
