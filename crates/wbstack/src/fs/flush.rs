@@ -76,6 +76,23 @@ impl FlushHandle {
     }
 }
 
+/// What a sync of an inode waits for: the transaction holding its changes and, for
+/// data written without FUA, the generation of a cache flush after it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SyncPoint {
+    pub tid: u64,
+    pub gen: Option<u64>,
+}
+
+pub(super) fn sync_point_of(st: &State, ino: u64, datasync: bool) -> SyncPoint {
+    st.live
+        .get(&ino)
+        .map_or(SyncPoint { tid: 0, gen: None }, |l| SyncPoint {
+            tid: if datasync { l.datasync_tid } else { l.sync_tid },
+            gen: l.data_gen,
+        })
+}
+
 /// One inode to flush in the next batch.
 pub(super) struct FlushReq {
     pub ino: u64,
@@ -159,7 +176,9 @@ impl Vol {
         // A truncation that cannot be journaled (the volume failed) fails the flush
         // that asked for it: its promise was the truncated size.
         let mut resolve_err: HashMap<u64, FsError> = HashMap::new();
-        {
+        // What each flush waits for, read in the same hold (one hold of `st` for the
+        // batch, not one per file): after the writes and truncations it covers.
+        let points: HashMap<u64, SyncPoint> = {
             let mut st = self.st.lock();
             for r in batch.iter().filter(|r| r.resolve || r.state.is_some()) {
                 self.wait_truncations(&mut st, Some(r.ino));
@@ -169,7 +188,12 @@ impl Vol {
                     resolve_err.insert(r.ino, e);
                 }
             }
-        }
+            batch
+                .iter()
+                .filter(|r| r.state.is_some())
+                .map(|r| (r.ino, sync_point_of(&st, r.ino, false)))
+                .collect()
+        };
         let mut waiters = Vec::new();
         for r in batch {
             let (Some(state), Some(since)) = (r.state, r.since) else {
@@ -185,7 +209,7 @@ impl Vol {
                 state.complete(Err(e));
                 continue;
             }
-            let (tid, gen) = self.sync_point(r.ino, false);
+            let SyncPoint { tid, gen } = points[&r.ino];
             waiters.push(AsyncWaiter { tid, gen, state });
         }
         if !waiters.is_empty() {
@@ -194,14 +218,8 @@ impl Vol {
     }
 
     /// What an fsync of `ino` waits for: the transaction and the data barrier.
-    pub(super) fn sync_point(&self, ino: u64, datasync: bool) -> (u64, Option<u64>) {
-        let st = self.st.lock();
-        st.live.get(&ino).map_or((0, None), |l| {
-            (
-                if datasync { l.datasync_tid } else { l.sync_tid },
-                l.data_gen,
-            )
-        })
+    pub(super) fn sync_point(&self, ino: u64, datasync: bool) -> SyncPoint {
+        sync_point_of(&self.st.lock(), ino, datasync)
     }
 
     /// Journal a deferred truncation of `ino` with the extents written since (one

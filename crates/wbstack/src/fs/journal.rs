@@ -926,7 +926,7 @@ impl Vol {
             self.wait_truncations(&mut st, Some(ino));
             self.resolve_trunc(&mut st, ino)?;
         }
-        let (tid, gen) = self.sync_point(ino, datasync);
+        let super::flush::SyncPoint { tid, gen } = self.sync_point(ino, datasync);
         let w = self.journal_wait(tid, gen);
         res.and(w)
     }
