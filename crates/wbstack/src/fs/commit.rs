@@ -272,14 +272,21 @@ impl Vol {
         true
     }
 
+    /// Whether a journal write now must flush the cache first (PREFLUSH): asked for
+    /// always (`commit_flush`), a write completed without FUA since the last flush was
+    /// issued (`written`: `RequestQueue::volatile_writes`), or an fsync waits for a
+    /// data barrier.
+    fn flush_needed(&self, j: &JState, written: u64) -> bool {
+        self.commit_flush_always.load(Ordering::Relaxed)
+            || written != j.flushed_writes
+            || j.barrier_want > j.barrier_started
+    }
+
     /// What `group_to_wait_for` and `writes_in_flight` decide on, as of now.
     fn group_inputs(&self) -> GroupInputs {
         let j = self.jn.lock();
-        let flushes = self.commit_flush_always.load(Ordering::Relaxed)
-            || self.q.volatile_writes() != j.flushed_writes
-            || j.barrier_want > j.barrier_started;
         GroupInputs {
-            flushes,
+            flushes: self.flush_needed(&j, self.q.volatile_writes()),
             in_flight: j.in_flight.len(),
             logbufs: self.logbufs.load(Ordering::Relaxed).max(1),
             last_group: j.last_group,
@@ -633,10 +640,7 @@ impl Vol {
             debug_assert!(tid > j.closed, "transaction {tid} closed twice");
             j.closed = tid;
             let written = self.q.volatile_writes();
-            let needed = self.commit_flush_always.load(Ordering::Relaxed)
-                || !matches!(payload, Payload::Txn(_))
-                || written != j.flushed_writes
-                || j.barrier_want > j.barrier_started;
+            let needed = !matches!(payload, Payload::Txn(_)) || self.flush_needed(&j, written);
             if needed {
                 j.barrier_started += 1;
                 self.barrier_started
