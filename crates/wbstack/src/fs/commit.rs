@@ -905,8 +905,8 @@ impl Vol {
                 .jcv
                 .wait_for(&mut j, std::time::Duration::from_millis(100))
                 .timed_out();
-            let dead = self.bg_ckpt.lock().as_ref().is_none_or(|h| h.is_finished());
-            if timed_out && j.bg_ckpt_running && dead {
+            let dead = || self.bg_ckpt.lock().as_ref().is_none_or(|h| h.is_finished());
+            if timed_out && j.bg_ckpt_running && dead() {
                 j.bg_ckpt_running = false;
                 drop(j);
                 self.abort("the checkpoint thread stopped in a checkpoint".into());

@@ -1434,9 +1434,12 @@ impl Vol {
             return Err(FsError::IsDir(format!("inode {ino}")));
         }
         let mut ic = self.icache.lock();
-        Ok(ic.get_or_insert(ino, || {
-            Mapping::new(ino, i.size, self.bdi.clone(), self.aops.clone() as Arc<_>)
-        }))
+        Ok(ic.get_or_insert(ino, || self.new_mapping(ino, i.size)))
+    }
+
+    /// A mapping for `ino` of `size` bytes, not cached yet.
+    fn new_mapping(&self, ino: u64, size: u64) -> Arc<Mapping> {
+        Mapping::new(ino, size, self.bdi.clone(), self.aops.clone() as Arc<_>)
     }
 
     /// Evict unused inodes at rest past the inode cache's limit (`fs::icache`), at most a
@@ -1977,7 +1980,7 @@ impl Vol {
 
     /// The mapping of a file `open_created` opened, made without `st`.
     pub(super) fn created_mapping(&self, ino: u64) -> Arc<Mapping> {
-        let fresh = Mapping::new(ino, 0, self.bdi.clone(), self.aops.clone() as Arc<_>);
+        let fresh = self.new_mapping(ino, 0);
         self.icache.lock().get_or_insert(ino, || fresh)
     }
 
