@@ -115,6 +115,9 @@ impl BenchFs for VolumeFs {
                 "live": ic.live,
                 "node_cache_bytes": ic.node_cache_bytes,
                 "node_cache_misses": ic.node_cache_misses,
+                "dentries": ic.dentries,
+                "dentry_walk_hits": ic.dentry_walk_hits,
+                "dentry_walk_misses": ic.dentry_walk_misses,
             },
             "wbt": {
                 "enabled": w.enabled,

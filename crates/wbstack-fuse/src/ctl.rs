@@ -148,6 +148,9 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
         ("node_cache_bytes", ic.node_cache_bytes),
         ("node_cache_hits", ic.node_cache_hits),
         ("node_cache_misses", ic.node_cache_misses),
+        ("dentries", ic.dentries),
+        ("dentry_walk_hits", ic.dentry_walk_hits),
+        ("dentry_walk_misses", ic.dentry_walk_misses),
         ("fuse_requests", counters.total()),
         ("data_start_sector", vol.superblock().data_start * 8),
     ];

@@ -26,6 +26,7 @@
 use super::lazylru::LazyLru;
 use crate::mm::cache::Mapping;
 use rustc_hash::FxHashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The limit the mount option `inode_cache` defaults to: the kernel's inode hash table
@@ -72,8 +73,30 @@ pub(super) struct RestEpoch {
     pub barrier_done: u64,
 }
 
+/// The cache's size and limit, readable without its lock: every open and close asks
+/// whether there is anything to prune, under `st`, and taking the cache's lock for
+/// that made it a second lock the two sides of a create met on (a create's mapping is
+/// made outside `st`, under this lock).
+#[derive(Default)]
+pub(super) struct Gauge {
+    len: AtomicUsize,
+    limit: AtomicUsize,
+}
+
+impl Gauge {
+    /// More mappings cached than the limit (as of the last change under the lock).
+    pub fn over_limit(&self) -> bool {
+        self.len.load(Ordering::Relaxed) > self.limit.load(Ordering::Relaxed)
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+}
+
 pub(super) struct InodeCache {
     map: FxHashMap<u64, Slot>,
+    gauge: Arc<Gauge>,
     /// Unused inodes without pages, oldest first.
     lru: LazyLru,
     limit: usize,
@@ -88,8 +111,11 @@ pub(super) struct InodeCache {
 
 impl InodeCache {
     pub fn new(limit: usize) -> InodeCache {
+        let gauge = Arc::new(Gauge::default());
+        gauge.limit.store(limit, Ordering::Relaxed);
         InodeCache {
             map: FxHashMap::default(),
+            gauge,
             lru: LazyLru::new(),
             limit,
             evicted: 0,
@@ -108,6 +134,17 @@ impl InodeCache {
 
     pub fn set_limit(&mut self, limit: usize) {
         self.limit = limit;
+        self.gauge.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// The cache's size and limit, for readers without its lock.
+    pub fn gauge(&self) -> Arc<Gauge> {
+        self.gauge.clone()
+    }
+
+    /// After every change of the map's size, under the lock.
+    fn gauge_len(&self) {
+        self.gauge.len.store(self.map.len(), Ordering::Relaxed);
     }
 
     /// Mappings evicted since mount.
@@ -138,6 +175,7 @@ impl InodeCache {
                 lru_gen: None,
             },
         );
+        self.gauge_len();
         mapping
     }
 
@@ -156,6 +194,7 @@ impl InodeCache {
 
     pub fn remove(&mut self, ino: &u64) -> Option<Arc<Mapping>> {
         let s = self.map.remove(ino)?;
+        self.gauge_len();
         self.compact();
         Some(s.mapping)
     }
@@ -163,7 +202,9 @@ impl InodeCache {
     /// Empty the cache (unmount), returning every inode it held.
     pub fn drain(&mut self) -> Vec<u64> {
         self.lru.clear();
-        self.map.drain().map(|(ino, _)| ino).collect()
+        let inos = self.map.drain().map(|(ino, _)| ino).collect();
+        self.gauge_len();
+        inos
     }
 
     /// Drop stale LRU entries once they outnumber the cache, so churn below the limit
@@ -220,6 +261,7 @@ impl InodeCache {
             }
         }
         self.evicted += out.len() as u64;
+        self.gauge_len();
         self.stalled_at = (out.is_empty() && waiting).then_some(epoch);
         out
     }

@@ -756,6 +756,8 @@ impl Volume {
         clock.register_waiter(&jwaiter);
         let txn_limit_bytes = (l.sb.journal_blocks * PAGE / 4) as usize;
         let ring = super::jspace::JournalRing::new(head, l.sb.journal_blocks);
+        let dcache = Arc::new(super::dcache::Dcache::default());
+        let icache = super::icache::InodeCache::new(inode_cache);
         let vol = Arc::new(Vol {
             q,
             cache,
@@ -788,8 +790,11 @@ impl Volume {
                 txn_jdata_pages: 0,
                 jhome_first_ns: None,
                 wall_offset_ns,
+                dcache: dcache.clone(),
             }),
-            icache: Mutex::new(super::icache::InodeCache::new(inode_cache)),
+            dcache,
+            icache_gauge: icache.gauge(),
+            icache: Mutex::new(icache),
             nodes: l.tree.as_ref().map(|t| {
                 t.store.set_cache_limit(node_cache);
                 t.store.clone()

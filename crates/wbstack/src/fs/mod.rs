@@ -6,6 +6,7 @@
 //! - `checkpoint`: format 4's checkpoint, the tree written copy-on-write.
 //! - `alloc`: free space as an extent map; reservations, goal cursor, deferred frees.
 //! - `extents`: an inode's extent map (inline while it holds one extent).
+//! - `dcache`: the dentry cache, for walks through directories without `st`.
 //! - `dir`: a directory's entries in readdir order (by name hash: the cookies).
 //! - `lazylru`: the lazily kept LRU order both caches (inodes, tree nodes) share.
 //! - `icache`: the inode cache (mappings of files, evicted past a limit when at rest).
@@ -14,6 +15,7 @@
 //! - `meta`: the durable metadata and the one `apply` that both live operations and
 //!   journal replay use; fsck's invariant checks.
 //! - `volume`: the mounted filesystem, namespace operations, delayed allocation.
+//! - `namei`: path resolution, through the dentry cache or under `st`.
 //! - `ops`: the same operations by inode number with the caller's credentials, as
 //!   the VFS (and the FUSE front end) calls them; `perm`: who may do what.
 //! - `journal`: mkfs, mount and recovery, the committer (group commit, checkpoints).
@@ -26,6 +28,7 @@ pub mod btree;
 mod checkpoint;
 mod commit;
 mod cowcapture;
+pub mod dcache;
 pub mod dir;
 pub mod error;
 pub mod extents;
@@ -42,6 +45,7 @@ pub mod jspace;
 mod lazylru;
 pub mod meta;
 pub mod metatree;
+mod namei;
 pub mod ops;
 pub mod perm;
 pub mod tunables;

@@ -474,7 +474,7 @@ impl Volume {
                     None => {
                         perm::may_change_dir(c, st.inode(dir)?, "create")?;
                         let owner = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::File, mode);
-                        let ino = self.vol.create_node_as(
+                        let ino = self.vol.create_absent(
                             &mut st,
                             dir,
                             name,

@@ -18,6 +18,7 @@
 use super::error::{FsError, FsResult};
 use super::format::{InodeKind, Record, Records, Superblock, BLOCK_SIZE};
 use super::meta::{valid_name, ApplyMode, Inode, Meta, NAME_MAX, ROOT_INO, TARGET_MAX};
+use super::namei::{components, Resolved, MAX_SYMLINKS};
 use crate::block::{BlkError, BlkResult, RequestQueue};
 use crate::clock::ClockRef;
 use crate::mm::{AddressSpaceOps, CacheConfig, ErrSeq, Mapping, PageCache};
@@ -30,8 +31,6 @@ use std::sync::{Arc, Weak};
 
 const PAGE: u64 = BLOCK_SIZE as u64;
 const SECTORS_PER_BLOCK: u64 = PAGE / 512;
-/// Symlinks followed while resolving one path (the kernel's MAXSYMLINKS).
-const MAX_SYMLINKS: u32 = 40;
 
 /// `MountOptions::logbufs` unless set, and its largest value (XFS's default and bound).
 /// Eight: a commit without a cache flush leaves with half the syncing threads while
@@ -429,6 +428,11 @@ pub struct InodeCacheStats {
     pub node_cache_bytes: u64,
     pub node_cache_hits: u64,
     pub node_cache_misses: u64,
+    /// Directory entries in the dentry cache (`fs::dcache`), and the path walks it
+    /// served without `st` and gave up to a walk under `st`, since mount.
+    pub dentries: u64,
+    pub dentry_walk_hits: u64,
+    pub dentry_walk_misses: u64,
 }
 
 /// The fewest changed inodes that make a checkpoint due whatever `inode_cache` says:
@@ -617,6 +621,9 @@ pub(super) struct State {
     /// on a real clock, 0 on a manual one (tests stay deterministic). Scheduling (commit
     /// intervals) keeps the clock's own time.
     pub wall_offset_ns: u64,
+    /// The dentry cache (`fs::dcache`), kept in step with every change of a directory
+    /// entry by `log`.
+    pub dcache: Arc<super::dcache::Dcache>,
 }
 
 impl State {
@@ -648,6 +655,7 @@ impl State {
         // Before the change: applying it may be what makes a checkpoint due.
         let was_full = self.txn_full() || self.meta_full();
         self.meta.apply(&rec, ApplyMode::Live { tid })?;
+        self.dentries_changed(&rec);
         // Consecutive extents of one inode merge into one record: a streaming writer
         // logs one record per commit, not one per bio.
         if let (
@@ -677,6 +685,25 @@ impl State {
         self.touch(touched, false, now_ns);
         self.kick_if_full(was_full);
         Ok(())
+    }
+
+    /// Keep the dentry cache in step with an applied record: a new entry naming a
+    /// directory goes in; the removal of one (or of an entry whose inode is not in
+    /// memory to tell) invalidates the walks made before it.
+    fn dentries_changed(&mut self, rec: &Record) {
+        match rec {
+            Record::Link { parent, name, ino }
+                if self.meta.resident(*ino).is_some_and(Inode::is_dir) =>
+            {
+                self.dcache.insert(*parent, name, *ino);
+            }
+            Record::Unlink { parent, name, ino }
+                if self.meta.resident(*ino).is_none_or(Inode::is_dir) =>
+            {
+                self.dcache.remove(*parent, name);
+            }
+            _ => {}
+        }
     }
 
     /// Wake the committer when the running transaction, or the inodes changed since
@@ -986,7 +1013,12 @@ pub(super) struct Vol {
     /// Taken spinning before sleeping (`crate::spin`): every namespace operation,
     /// write and close holds it for a few microseconds.
     pub st: crate::spin::SpinMutex<State>,
+    /// Path walks through directories without `st` (`fs::dcache`); `State::log`
+    /// changes it.
+    pub dcache: Arc<super::dcache::Dcache>,
     pub icache: Mutex<super::icache::InodeCache>,
+    /// `icache`'s size and limit without its lock.
+    pub icache_gauge: Arc<super::icache::Gauge>,
     /// The metadata tree (`fs::checkpoint`); only checkpoints take it, before `st`.
     pub tree: Mutex<Option<super::checkpoint::MetaTree>>,
     /// The tree's node cache (its store), for its stats and its limit without the
@@ -1381,32 +1413,6 @@ pub(super) fn errno_result(e: i32) -> FsResult<()> {
     }
 }
 
-/// What an open that may create finds at a path (`Vol::resolve_for_create`).
-enum Resolved {
-    Found(u64),
-    Missing { dir: u64, name: Vec<u8> },
-}
-
-/// A last component a create may make: not "..", a valid name.
-fn creatable(path: &str, last: &[u8]) -> FsResult<()> {
-    if last == b".." {
-        return Err(ends_in_dotdot(path));
-    }
-    check_name(last)
-}
-
-fn ends_in_dotdot(path: &str) -> FsError {
-    FsError::Invalid(format!("{path:?} ends in \"..\""))
-}
-
-/// Split a path into its components (empty ones and "." dropped).
-fn components(path: &str) -> Vec<&[u8]> {
-    path.split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .map(str::as_bytes)
-        .collect()
-}
-
 pub(super) fn check_name(name: &[u8]) -> FsResult<()> {
     if name.len() > NAME_MAX {
         return Err(FsError::NameTooLong(
@@ -1510,11 +1516,11 @@ impl Vol {
     /// Drop clean inodes from memory past the inode cache's limit (`fs::inodes`): those
     /// without a mapping or per-inode state, unchanged since the durable checkpoint.
     pub(super) fn prune_meta(&self, st: &mut State) {
-        let ic = self.icache.lock();
         // Every open, close and commit comes here: nothing more unless there is work.
-        if !st.meta.wants_evict(ic.limit()) {
+        if !st.meta.wants_evict(self.icache_gauge.limit()) {
             return;
         }
+        let ic = self.icache.lock();
         let (committed, barrier_done) = {
             let j = self.jn.lock();
             (j.committed, j.barrier_done)
@@ -1546,6 +1552,9 @@ impl Vol {
 
     fn prune_mappings(&self, st: &mut State) {
         use super::icache::Verdict;
+        if !self.icache_gauge.over_limit() {
+            return;
+        }
         let mut ic = self.icache.lock();
         if ic.len() <= ic.limit() {
             return;
@@ -1581,117 +1590,6 @@ impl Vol {
         for (ino, _) in evicted {
             st.live.remove(&ino);
             self.bdi.forget_inode(ino);
-        }
-    }
-
-    /// Resolve a path to (parent directory, last name) without looking the last name up.
-    fn resolve_parent(&self, st: &State, path: &str) -> FsResult<(u64, Vec<u8>)> {
-        let mut comps = components(path);
-        let Some(last) = comps.pop() else {
-            return Err(FsError::Invalid(format!("{path:?} names the root")));
-        };
-        let mut budget = MAX_SYMLINKS;
-        let dir = self.walk(st, ROOT_INO, &comps, &mut budget, path)?;
-        creatable(path, last)?;
-        Ok((dir, last.to_vec()))
-    }
-
-    /// `resolve` (following the last component) for an open that may create: a name
-    /// the path's directory lacks comes back with that directory, from the same walk,
-    /// where it would be made (as `resolve_parent` gives it).
-    fn resolve_for_create(&self, st: &State, path: &str) -> FsResult<Resolved> {
-        let mut comps = components(path);
-        let Some(last) = comps.pop() else {
-            return Ok(Resolved::Found(ROOT_INO));
-        };
-        let mut budget = MAX_SYMLINKS;
-        let dir = match self.walk(st, ROOT_INO, &comps, &mut budget, path) {
-            // As resolve_parent reports it: a path ending in ".." before a missing
-            // directory on the way.
-            Err(FsError::NotFound(_)) if last == b".." => return Err(ends_in_dotdot(path)),
-            r => r?,
-        };
-        let missing = || {
-            creatable(path, last)?;
-            Ok(Resolved::Missing {
-                dir,
-                name: last.to_vec(),
-            })
-        };
-        match st.find(dir, last)? {
-            None => missing(),
-            // A symlink to nothing: the create is tried at the link's name.
-            Some(ino) => match self.follow(st, dir, ino, &mut budget, path) {
-                Err(FsError::NotFound(_)) => missing(),
-                r => r.map(Resolved::Found),
-            },
-        }
-    }
-
-    /// Follow `comps` from `start`, following every symlink met (each costs budget).
-    fn walk(
-        &self,
-        st: &State,
-        start: u64,
-        comps: &[&[u8]],
-        budget: &mut u32,
-        path: &str,
-    ) -> FsResult<u64> {
-        let mut cur = start;
-        for c in comps {
-            let next = st.lookup(cur, c).map_err(|e| match e {
-                FsError::NotFound(_) => FsError::NotFound(path.to_string()),
-                FsError::NotDir(_) => FsError::NotDir(path.to_string()),
-                e => e,
-            })?;
-            cur = self.follow(st, cur, next, budget, path)?;
-        }
-        Ok(cur)
-    }
-
-    /// If `ino` (found in `dir`) is a symlink, resolve it.
-    fn follow(
-        &self,
-        st: &State,
-        dir: u64,
-        ino: u64,
-        budget: &mut u32,
-        path: &str,
-    ) -> FsResult<u64> {
-        let i = st.inode(ino)?;
-        if i.kind != InodeKind::Symlink {
-            return Ok(ino);
-        }
-        if *budget == 0 {
-            return Err(FsError::Loop(path.to_string()));
-        }
-        *budget -= 1;
-        let target = String::from_utf8_lossy(&i.target).into_owned();
-        let start = if target.starts_with('/') {
-            ROOT_INO
-        } else {
-            dir
-        };
-        let comps = components(&target);
-        self.walk(st, start, &comps, budget, path)
-    }
-
-    /// Resolve a whole path; `follow_last` follows a symlink in the last component.
-    pub(super) fn resolve(&self, st: &State, path: &str, follow_last: bool) -> FsResult<u64> {
-        let mut comps = components(path);
-        let Some(last) = comps.pop() else {
-            return Ok(ROOT_INO);
-        };
-        let mut budget = MAX_SYMLINKS;
-        let dir = self.walk(st, ROOT_INO, &comps, &mut budget, path)?;
-        let ino = st.lookup(dir, last).map_err(|e| match e {
-            FsError::NotFound(_) => FsError::NotFound(path.to_string()),
-            e => e,
-        })?;
-        if follow_last {
-            self.follow(st, dir, ino, &mut budget, path)
-        } else {
-            Ok(ino)
         }
     }
 
@@ -1766,6 +1664,29 @@ impl Vol {
         if st.find(dir, name)?.is_some() {
             return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned()));
         }
+        self.create_absent(st, dir, name, kind, (uid, gid, mode), target, rdev)
+    }
+
+    /// `create_node_as` of a name the caller found absent from `dir` in this hold of
+    /// `st` (an open that creates looked it up already: a second lookup was a tenth of
+    /// the create's hold).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn create_absent(
+        &self,
+        st: &mut State,
+        dir: u64,
+        name: &[u8],
+        kind: InodeKind,
+        (uid, gid, mode): (u32, u32, u32),
+        target: Option<&[u8]>,
+        rdev: u32,
+    ) -> FsResult<u64> {
+        st.check_writable()?;
+        check_name(name)?;
+        debug_assert!(
+            matches!(st.find(dir, name), Ok(None)),
+            "a create of {name:?} in {dir}, which has it"
+        );
         if let Some(t) = target {
             if t.is_empty() || t.len() > TARGET_MAX {
                 return Err(FsError::Invalid(format!(
@@ -2236,6 +2157,7 @@ impl Volume {
 
     /// Look a path up (following symlinks) and return its inode number.
     pub fn lookup_path(&self, path: &str) -> FsResult<u64> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let st = self.vol.st.lock();
             self.vol.resolve(&st, path, true)
@@ -2249,6 +2171,7 @@ impl Volume {
     }
 
     pub fn stat(&self, path: &str) -> FsResult<Stat> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, true)?;
@@ -2258,6 +2181,7 @@ impl Volume {
 
     /// stat without following a symlink in the last component.
     pub fn lstat(&self, path: &str) -> FsResult<Stat> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, false)?;
@@ -2273,6 +2197,7 @@ impl Volume {
     }
 
     pub fn mkdir(&self, path: &str, mode: u32) -> FsResult<u64> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let mut st = self.vol.st.lock();
             let (dir, name) = self.vol.resolve_parent(&st, path)?;
@@ -2283,18 +2208,25 @@ impl Volume {
 
     /// mkdir -p: every missing directory of `path`, in one walk.
     pub fn mkdir_all(&self, path: &str, mode: u32) -> FsResult<()> {
+        let comps = components(path);
+        // Every directory there and in the dentry cache: nothing to make, and no `st`
+        // (fs_mark asks this before every file).
+        if self.vol.dcache.walk(ROOT_INO, &comps).is_some() {
+            return Ok(());
+        }
         self.vol.faulting(|| {
             let mut st = self.vol.st.lock();
             let mut cur = ROOT_INO;
             let mut budget = MAX_SYMLINKS;
-            for c in components(path) {
+            for c in &comps {
                 cur = match st.find(cur, c)? {
                     Some(ino) => {
-                        let ino = self.vol.follow(&st, cur, ino, &mut budget, path)?;
-                        if !st.inode(ino)?.is_dir() {
+                        let dir = self.vol.follow(&st, cur, ino, &mut budget, path)?;
+                        if !st.inode(dir)?.is_dir() {
                             return Err(FsError::NotDir(path.to_string()));
                         }
-                        ino
+                        self.vol.cache_dentry(&st, cur, c, ino);
+                        dir
                     }
                     None => self
                         .vol
@@ -2306,6 +2238,7 @@ impl Volume {
     }
 
     pub fn symlink(&self, target: &str, path: &str) -> FsResult<u64> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let mut st = self.vol.st.lock();
             let (dir, name) = self.vol.resolve_parent(&st, path)?;
@@ -2321,6 +2254,7 @@ impl Volume {
     }
 
     pub fn readlink(&self, path: &str) -> FsResult<String> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, false)?;
@@ -2334,6 +2268,8 @@ impl Volume {
 
     /// A hard link `new` to the file at `existing`.
     pub fn link(&self, existing: &str, new: &str) -> FsResult<()> {
+        let existing = &self.vol.path_walk(existing);
+        let new = &self.vol.path_walk(new);
         self.vol.faulting(|| {
             let mut st = self.vol.st.lock();
             st.check_writable()?;
@@ -2357,40 +2293,32 @@ impl Volume {
     }
 
     pub fn unlink(&self, path: &str) -> FsResult<()> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
-            let (dir, name) = {
-                let st = self.vol.st.lock();
-                self.vol.resolve_parent(&st, path)?
-            };
+            let (dir, name) = self.vol.parent_of(path)?;
             self.vol.unlink_at(dir, &name, false)
         })
     }
 
     pub fn rmdir(&self, path: &str) -> FsResult<()> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
-            let (dir, name) = {
-                let st = self.vol.st.lock();
-                self.vol.resolve_parent(&st, path)?
-            };
+            let (dir, name) = self.vol.parent_of(path)?;
             self.vol.unlink_at(dir, &name, true)
         })
     }
 
     /// rename(2), replacing an existing target atomically.
     pub fn rename(&self, from: &str, to: &str) -> FsResult<()> {
+        let (from, to) = (&self.vol.path_walk(from), &self.vol.path_walk(to));
         self.vol.faulting(|| {
-            let ((od, on), (nd, nn)) = {
-                let st = self.vol.st.lock();
-                (
-                    self.vol.resolve_parent(&st, from)?,
-                    self.vol.resolve_parent(&st, to)?,
-                )
-            };
+            let ((od, on), (nd, nn)) = (self.vol.parent_of(from)?, self.vol.parent_of(to)?);
             self.vol.rename_at(od, &on, nd, &nn)
         })
     }
 
     pub fn readdir(&self, path: &str) -> FsResult<Vec<DirEntry>> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, true)?;
@@ -2418,6 +2346,7 @@ impl Volume {
 
     /// chmod / chown / utimes.
     pub fn set_attr(&self, path: &str, a: &SetAttr) -> FsResult<Stat> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let ino = {
                 let st = self.vol.st.lock();
@@ -2440,6 +2369,7 @@ impl Volume {
     }
 
     pub fn open(&self, path: &str, o: &OpenOptions) -> FsResult<File> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let (ino, created, mapping) = {
                 let mut st = self.vol.st.lock();
@@ -2455,14 +2385,20 @@ impl Volume {
                     Resolved::Found(ino) => {
                         (ino, false, Some(self.vol.open_locked(&mut st, ino, o)?))
                     }
+                    // The link's name is taken: what a create of it would say.
+                    Resolved::Dangling { name, .. } => {
+                        st.check_writable()?;
+                        return Err(FsError::Exists(String::from_utf8_lossy(&name).into_owned()));
+                    }
                     Resolved::Missing { dir, name } => {
-                        let ino = self.vol.create_node(
+                        let ino = self.vol.create_absent(
                             &mut st,
                             dir,
                             &name,
                             InodeKind::File,
-                            o.mode,
+                            (0, 0, o.mode),
                             None,
+                            0,
                         )?;
                         self.vol.open_created(&mut st, ino, o)?;
                         (ino, true, None)
@@ -2497,6 +2433,7 @@ impl Volume {
         let ic = self.vol.icache.lock();
         let m = st.meta.cache_stats();
         let nodes = (self.vol.nodes.as_ref()).map_or_else(Default::default, |s| s.stats());
+        let dc = self.vol.dcache.stats();
         InodeCacheStats {
             cached: ic.len() as u64,
             live: st.live.len() as u64,
@@ -2509,6 +2446,9 @@ impl Volume {
             node_cache_bytes: nodes.cached_bytes,
             node_cache_hits: nodes.hits,
             node_cache_misses: nodes.misses,
+            dentries: dc.entries,
+            dentry_walk_hits: dc.hits,
+            dentry_walk_misses: dc.misses,
         }
     }
 
@@ -2543,6 +2483,7 @@ impl Volume {
     /// drop_caches` does for one file), so the next read comes from the device.
     /// Returns false, changing nothing, while the file is open.
     pub fn drop_cache(&self, path: &str) -> FsResult<bool> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let (ino, m) = {
                 let st = self.vol.st.lock();
@@ -2569,6 +2510,7 @@ impl Volume {
     /// The page-cache mapping of the file at `path` (for tests and tools that need
     /// the cache's own view, e.g. its legacy error bit).
     pub fn mapping_of(&self, path: &str) -> FsResult<Arc<Mapping>> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, true)?;
@@ -2579,6 +2521,7 @@ impl Volume {
     /// FIEMAP: the file's journaled extents as (file block, device block, blocks).
     /// Blocks still being written (or only reserved) are not listed.
     pub fn fiemap(&self, path: &str) -> FsResult<Vec<(u64, u64, u64)>> {
+        let path = &self.vol.path_walk(path);
         self.vol.faulting(|| {
             let st = self.vol.st.lock();
             let ino = self.vol.resolve(&st, path, true)?;
