@@ -709,3 +709,84 @@ fn mkfs_refuses_an_unknown_format() {
     .unwrap_err();
     assert!(e.to_string().contains("format 4"), "{e}");
 }
+
+/// Creates walk their directories through the dentry cache while another thread moves
+/// one of those directories back and forth and makes and removes another: every
+/// create either lands in a directory that exists (and its file is found there, or
+/// wherever that directory moved) or fails with ENOENT; none lands in a removed
+/// directory, and the volume and fsck find it consistent.
+#[test]
+fn creates_racing_directory_renames_and_rmdirs_land_only_in_live_directories() {
+    let (q, v) = fresh("sim:ssd,size=256M");
+    v.mkdir_all("/a/x", 0o755).unwrap();
+    v.mkdir("/b", 0o755).unwrap();
+    const ROUNDS: usize = 3000;
+    let made: Vec<Vec<String>> = std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..ROUNDS {
+                v.rename("/a/x", "/b/x").unwrap();
+                v.rename("/b/x", "/a/x").unwrap();
+                match v.mkdir("/a/y", 0o755) {
+                    Ok(_) | Err(FsError::Exists(_)) => {}
+                    Err(e) => panic!("mkdir /a/y: {e}"),
+                }
+                match v.rmdir("/a/y") {
+                    Ok(()) | Err(FsError::NotEmpty(_)) => {}
+                    Err(e) => panic!("rmdir /a/y: {e}"),
+                }
+            }
+        });
+        let creators: Vec<_> = (0..2)
+            .map(|t| {
+                let v = &v;
+                s.spawn(move || {
+                    let mut made = Vec::new();
+                    for i in 0..ROUNDS {
+                        let name = format!("f{t}-{i}");
+                        match v.create(&format!("/a/x/{name}")) {
+                            Ok(f) => {
+                                f.close().unwrap();
+                                made.push(name.clone());
+                            }
+                            Err(FsError::NotFound(_)) => {}
+                            Err(e) => panic!("create /a/x/{name}: {e}"),
+                        }
+                        let y = format!("/a/y/{name}");
+                        match v.create(&y) {
+                            // Made in a live /a/y: there until unlinked, so the
+                            // rmdir above fails meanwhile.
+                            Ok(f) => {
+                                f.close().unwrap();
+                                v.unlink(&y).unwrap();
+                            }
+                            Err(FsError::NotFound(_)) => {}
+                            Err(e) => panic!("create {y}: {e}"),
+                        }
+                    }
+                    made
+                })
+            })
+            .collect();
+        creators.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let made: Vec<String> = made.into_iter().flatten().collect();
+    assert!(!made.is_empty(), "no create ever found /a/x");
+    let mut listed: Vec<String> = v
+        .readdir("/a/x")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    listed.sort();
+    let mut made = made;
+    made.sort();
+    assert_eq!(listed, made);
+    assert!(v
+        .stat("/a/y")
+        .is_err_and(|e| matches!(e, FsError::NotFound(_))));
+    let s = v.inode_cache_stats();
+    assert!(s.dentry_walk_hits > 0, "{s:?}");
+    assert!(v.check().is_empty(), "{:?}", v.check());
+    v.unmount().unwrap();
+    assert!(fsck(&q).is_clean());
+}
