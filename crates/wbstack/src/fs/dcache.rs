@@ -28,6 +28,7 @@
 //! a walk that misses one falls back, and a removal bumps `seq` whether or not its entry
 //! was cached.
 
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHasher};
 use std::hash::Hasher;
@@ -56,17 +57,33 @@ pub struct DcacheStats {
     pub misses: u64,
 }
 
-/// One shard: by `(parent, hash of name)`.
-type Shard = Mutex<FxHashMap<(u64, u64), Dentry>>;
+/// One shard: its entries, and the walks that found their last component here.
+#[derive(Default)]
+struct ShardMap {
+    map: FxHashMap<(u64, u64), Dentry>,
+    /// Counted under the shard's lock, which the walk holds anyway: a counter shared
+    /// by every walk would be one more cache line the walking threads pass between
+    /// them on every create.
+    found: u64,
+}
+
+/// On a cache line of its own: walks on two cores take different shards without
+/// passing lines between them.
+type Shard = CachePadded<Mutex<ShardMap>>;
 
 pub struct Dcache {
     /// By `(parent, hash of name)`: two names of one directory with the same hash keep
     /// the later one, and a lookup compares the name.
     shards: Box<[Shard]>,
-    /// Odd while a directory entry is being removed; moved by every removal.
-    seq: AtomicU64,
-    hits: AtomicU64,
-    misses: AtomicU64,
+    /// Odd while a directory entry is being removed; moved by every removal. Read by
+    /// every walk and written only by removals: alone on its line.
+    seq: CachePadded<AtomicU64>,
+    /// Walks of no component (found at once), walks given up because an entry was
+    /// missing, and walks that found every entry but saw a removal meanwhile (counted
+    /// in `ShardMap::found` too). Rare, or at least not every walk's.
+    found_empty: CachePadded<AtomicU64>,
+    missing: AtomicU64,
+    invalidated: AtomicU64,
 }
 
 /// A walk made here, to be confirmed under `st` (`still_valid`).
@@ -86,10 +103,11 @@ fn hash_name(parent: u64, name: &[u8]) -> (u64, u64) {
 impl Default for Dcache {
     fn default() -> Self {
         Dcache {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            seq: AtomicU64::new(0),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
+            shards: (0..SHARDS).map(|_| CachePadded::default()).collect(),
+            seq: CachePadded::new(AtomicU64::new(0)),
+            found_empty: CachePadded::new(AtomicU64::new(0)),
+            missing: AtomicU64::new(0),
+            invalidated: AtomicU64::new(0),
         }
     }
 }
@@ -100,10 +118,17 @@ impl Dcache {
         &self.shards[(mix >> 32) as usize % SHARDS]
     }
 
-    fn lookup(&self, parent: u64, name: &[u8]) -> Option<u64> {
+    /// `name` in `parent`, if cached; `last`: the walk's last component, counted found.
+    fn lookup(&self, parent: u64, name: &[u8], last: bool) -> Option<u64> {
         let key = hash_name(parent, name);
-        let shard = self.shard(key).lock();
-        shard.get(&key).filter(|d| *d.name == *name).map(|d| d.ino)
+        let mut shard = self.shard(key).lock();
+        let ino = shard
+            .map
+            .get(&key)
+            .filter(|d| *d.name == *name)
+            .map(|d| d.ino);
+        shard.found += u64::from(last && ino.is_some());
+        ino
     }
 
     /// Walk `comps` (plain names: no `..`) from `start` through cached directories.
@@ -111,22 +136,27 @@ impl Dcache {
     /// walks under `st` instead.
     pub fn walk(&self, start: u64, comps: &[&[u8]]) -> Option<Walked> {
         let seq = self.seq.load(Ordering::SeqCst);
-        let walked = (seq.is_multiple_of(2))
-            .then(|| {
-                comps.iter().try_fold(start, |cur, c| {
-                    (*c != b"..").then(|| self.lookup(cur, c)).flatten()
-                })
-            })
-            .flatten()
-            .filter(|_| self.seq.load(Ordering::SeqCst) == seq)
-            .map(|dir| Walked { dir, seq });
-        let counter = if walked.is_some() {
-            &self.hits
-        } else {
-            &self.misses
+        if !seq.is_multiple_of(2) {
+            self.missing.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let found = comps.iter().enumerate().try_fold(start, |cur, (i, c)| {
+            (*c != b"..")
+                .then(|| self.lookup(cur, c, i + 1 == comps.len()))
+                .flatten()
+        });
+        let Some(dir) = found else {
+            self.missing.fetch_add(1, Ordering::Relaxed);
+            return None;
         };
-        counter.fetch_add(1, Ordering::Relaxed);
-        walked
+        if comps.is_empty() {
+            self.found_empty.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.seq.load(Ordering::SeqCst) != seq {
+            self.invalidated.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Walked { dir, seq })
     }
 
     /// Under `st`: whether no directory entry was removed since `w` was walked, so its
@@ -141,6 +171,7 @@ impl Dcache {
         debug_assert!(name != b"." && name != b"..", "a cached {name:?} entry");
         let key = hash_name(parent, name);
         let mut shard = self.shard(key).lock();
+        let shard = &mut shard.map;
         if shard
             .get(&key)
             .is_some_and(|d| d.ino == ino && *d.name == *name)
@@ -174,18 +205,25 @@ impl Dcache {
         let key = hash_name(parent, name);
         {
             let mut shard = self.shard(key).lock();
-            if shard.get(&key).is_some_and(|d| *d.name == *name) {
-                shard.remove(&key);
+            if shard.map.get(&key).is_some_and(|d| *d.name == *name) {
+                shard.map.remove(&key);
             }
         }
         self.seq.fetch_add(1, Ordering::SeqCst);
     }
 
     pub fn stats(&self) -> DcacheStats {
+        let (mut entries, mut found) = (0, self.found_empty.load(Ordering::Relaxed));
+        for s in self.shards.iter() {
+            let s = s.lock();
+            entries += s.map.len() as u64;
+            found += s.found;
+        }
+        let invalidated = self.invalidated.load(Ordering::Relaxed);
         DcacheStats {
-            entries: self.shards.iter().map(|s| s.lock().len() as u64).sum(),
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
+            entries,
+            hits: found - invalidated,
+            misses: self.missing.load(Ordering::Relaxed) + invalidated,
         }
     }
 }

@@ -1961,6 +1961,10 @@ impl Vol {
     }
 
     fn release(self: &Arc<Self>, ino: u64, mapping: &Arc<Mapping>) -> FsResult<()> {
+        // Read before `st` (pages come and go without it either way): an inode queued
+        // with pages is only passed over by the prune (`icache::verdict`), and one
+        // whose last page goes later is queued then (`mapping_emptied`).
+        let no_pages = mapping.nr_pages() == 0;
         let mut st = self.st.lock();
         let Some(l) = st.live.get_mut(&ino) else {
             return Ok(());
@@ -1981,7 +1985,7 @@ impl Vol {
         }
         if last {
             // Unused without pages: on the inode LRU now (else when its last page goes).
-            if mapping.nr_pages() == 0 {
+            if no_pages {
                 self.icache.lock().queue(ino);
             }
             self.prune_icache(&mut st);
