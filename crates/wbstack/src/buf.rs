@@ -199,6 +199,15 @@ mod pool {
     }
 }
 
+/// Equal contents (a journal record that carries a block compares by its bytes).
+impl PartialEq for IoBuf {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for IoBuf {}
+
 impl Clone for IoBuf {
     fn clone(&self) -> Self {
         IoBuf::from_slice(self.as_slice())

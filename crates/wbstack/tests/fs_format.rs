@@ -65,9 +65,10 @@ fn record() -> impl Strategy<Value = Record> {
             .prop_map(|(ino, name, value)| Record::SetXattr { ino, name, value }),
         (any::<u64>(), xattr_name()).prop_map(|(ino, name)| Record::RemoveXattr { ino, name }),
         (any::<u64>(), any::<u8>(), any::<u64>()).prop_map(|(block, b, seed)| {
-            let data = (0..BLOCK_SIZE as u64)
+            let data: Vec<u8> = (0..BLOCK_SIZE as u64)
                 .map(|i| (i.wrapping_mul(seed | 1) >> 7) as u8 ^ b)
                 .collect();
+            let data = std::sync::Arc::new(wbstack::buf::IoBuf::from_slice(&data));
             Record::DataBlock { block, data }
         }),
         any::<u64>().prop_map(|block| Record::Revoke { block }),

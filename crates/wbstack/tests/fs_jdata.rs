@@ -90,9 +90,9 @@ fn journaled_then_cut(q: &Arc<RequestQueue>, data: &[u8]) -> (u64, usize) {
     let (pos, _, used) = txns
         .iter()
         .find(|(_, t, _)| {
-            t.records
-                .iter()
-                .any(|r| matches!(r, Record::DataBlock { data: d, .. } if d[..] == data[..4096]))
+            t.records.iter().any(
+                |r| matches!(r, Record::DataBlock { data: d, .. } if d.as_slice() == &data[..4096]),
+            )
         })
         .expect("a transaction carrying the data");
     (*pos, *used)

@@ -351,6 +351,12 @@ impl InodeKind {
 pub const XATTR_NAME_MAX: usize = 255;
 pub const XATTR_SIZE_MAX: usize = 65536;
 
+/// A journaled data block's content: shared, not copied, between the record that
+/// carries it and the home write that follows the commit (`fs::jdata`), in a page of
+/// the IO buffer pool (recycled; a fresh heap copy per fsync faulted in new memory
+/// under `st`).
+pub type JBlockData = std::sync::Arc<crate::buf::IoBuf>;
+
 /// A logical metadata change, as journaled.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -420,7 +426,7 @@ pub enum Record {
     /// transaction's. Replay writes it home unless a later record revokes it; the
     /// running filesystem writes it home right after the commit, and always before the
     /// journal space holding it is reused (a checkpoint).
-    DataBlock { block: u64, data: Vec<u8> },
+    DataBlock { block: u64, data: JBlockData },
     /// Block `block` was written in place through ordered data after an earlier
     /// transaction journaled a copy of it (v3): replay must not write that older copy.
     Revoke { block: u64 },
@@ -521,7 +527,10 @@ impl Record {
                 w.u8(13).u64(*ino).bytes(name);
             }
             Record::DataBlock { block, data } => {
-                w.u8(14).u64(*block).u32(crc(data)).bytes(data);
+                w.u8(14)
+                    .u64(*block)
+                    .u32(crc(data.as_slice()))
+                    .bytes(data.as_slice());
             }
             Record::Revoke { block } => {
                 w.u8(15).u64(*block);
@@ -645,7 +654,7 @@ impl Record {
                 }
                 Record::DataBlock {
                     block,
-                    data: data.to_vec(),
+                    data: std::sync::Arc::new(crate::buf::IoBuf::from_slice(data)),
                 }
             }
             15 => Record::Revoke { block: r.u64()? },

@@ -35,7 +35,7 @@
 //!   checkpoint (the only ones replay can write), so only those need a revoke.
 
 use super::error::FsResult;
-use super::format::{InodeKind, Record, BLOCK_SIZE};
+use super::format::{InodeKind, JBlockData, Record, BLOCK_SIZE};
 use super::volume::{State, Vol};
 use crate::block::{Bio, BioEndIo, BioFlags, BlkError, BlkResult, Plug};
 use crate::buf::IoBuf;
@@ -74,7 +74,8 @@ pub(super) struct JHome {
     /// The transaction carrying its copy.
     pub tid: u64,
     pub block: u64,
-    pub data: IoBuf,
+    /// The same buffer as its record's.
+    pub data: JBlockData,
     pub mapping: Arc<Mapping>,
     pub index: u64,
     /// The claim that put the page under writeback (`Mapping::claim_dirty`): its home
@@ -119,6 +120,9 @@ impl Vol {
         let Some((gen, pages)) = mapping.claim_dirty(max_pages) else {
             return false;
         };
+        // The claim's copies become the records' data as they are, outside `st`.
+        let pages: Vec<(u64, JBlockData)> =
+            pages.into_iter().map(|(i, b)| (i, Arc::new(b))).collect();
         let now = self.now();
         let mut st = self.st.lock();
         let taken = journal_data_fits(
@@ -146,7 +150,7 @@ impl Vol {
         ino: u64,
         mapping: &Arc<Mapping>,
         gen: WbGen,
-        pages: &[(u64, IoBuf)],
+        pages: &[(u64, JBlockData)],
         now: u64,
     ) -> FsResult<()> {
         let i_size = mapping.size();
@@ -229,7 +233,7 @@ impl Vol {
             st.log(
                 Record::DataBlock {
                     block: *b,
-                    data: data.as_slice().to_vec(),
+                    data: data.clone(),
                 },
                 &[ino],
                 now,

@@ -17,6 +17,7 @@
 
 use super::checkpoint::{alloc_nodes, meta_reserve, root_image, root_record, MetaTree};
 use super::error::{FsError, FsResult};
+use super::format::JBlockData;
 use super::format::{
     Checkpoint, FormatError, Record, Records, Superblock, Txn, BLOCK_SIZE, DEFAULT_VERSION,
     LAZY_VERSION, RING_VERSION, SB_BLOCKS, TREE_VERSION, WHOLE_VERSION,
@@ -175,7 +176,7 @@ pub struct Loaded {
     pub replay_error: Option<String>,
     /// Journaled data blocks replay found, by final location (the newest copy of
     /// each, none revoked): mount writes them home before its checkpoint.
-    pub jdata: BTreeMap<u64, Vec<u8>>,
+    pub jdata: BTreeMap<u64, JBlockData>,
     /// The metadata tree the checkpoint points at (format 4; none before).
     pub(super) tree: Option<MetaTree>,
     /// Inodes are read on demand (a format 5 mount): none was checked.
@@ -509,7 +510,7 @@ struct Replayed {
     txns: u64,
     end: String,
     error: Option<String>,
-    jdata: BTreeMap<u64, Vec<u8>>,
+    jdata: BTreeMap<u64, JBlockData>,
 }
 
 /// Apply the transactions after checkpoint `tid` found from journal block `pos` on.
@@ -578,7 +579,7 @@ fn replay(
     let mut expect = tid + 1;
     let mut replayed = 0;
     // The newest journaled copy of each block, unless revoked since.
-    let mut jdata: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut jdata: BTreeMap<u64, JBlockData> = BTreeMap::new();
     // A window of journal blocks read in one IO: [win_start, win_start + win.len()).
     let mut win_start = u64::MAX;
     let mut win: Vec<u8> = Vec::new();
@@ -600,7 +601,7 @@ fn replay(
         not_at_head = None;
         // This transaction's data and revokes, in order, kept only once all of it
         // applied.
-        let mut txn_data: Vec<(u64, Option<&Vec<u8>>)> = Vec::new();
+        let mut txn_data: Vec<(u64, Option<&JBlockData>)> = Vec::new();
         for (k, rec) in txn.records.iter().enumerate() {
             let applied = apply_at_mount(meta, rec, ApplyMode::Replay)?;
             match (rec, &applied) {
@@ -672,7 +673,11 @@ impl Volume {
         // makes these writes durable first). Replay checked each lies in the data area.
         for (block, data) in &l.jdata {
             debug_assert!(*block >= l.sb.data_start && *block < l.sb.nr_blocks);
-            q.write_sync(sector(*block), IoBuf::from_slice(data), BioFlags::empty())?;
+            q.write_sync(
+                sector(*block),
+                IoBuf::from_slice(data.as_slice()),
+                BioFlags::empty(),
+            )?;
         }
         let (slot, seq, head) = if let Some(ckpt) = ckpt {
             let slot = 1 - l.ckpt_slot;
