@@ -7,7 +7,7 @@ use super::dir::DirPageEntry;
 use super::error::{FsError, FsResult};
 use super::format::{InodeKind, Record, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 use super::perm::{self, Cred, MAY_EXEC, MAY_READ, MAY_WRITE};
-use super::volume::{File, OpenOptions, Stat, Volume};
+use super::volume::{File, NewNode, OpenOptions, Stat, Volume};
 
 /// ext4's EXT4_LINK_MAX.
 pub const LINK_MAX: u32 = 65000;
@@ -118,9 +118,13 @@ impl Volume {
             let mut st = self.vol.st.lock();
             perm::may_change_dir(c, st.inode(dir)?, "create")?;
             let owner = perm::new_inode_owner(c, st.inode(dir)?, kind, mode);
-            let ino = self
-                .vol
-                .create_node_as(&mut st, dir, name, kind, owner, None, rdev)?;
+            let node = NewNode {
+                kind,
+                owner,
+                target: None,
+                rdev,
+            };
+            let ino = self.vol.create_node_as(&mut st, dir, name, &node)?;
             self.vol.stat_of(&st, ino)
         })
     }
@@ -130,15 +134,13 @@ impl Volume {
             let mut st = self.vol.st.lock();
             perm::may_change_dir(c, st.inode(dir)?, "symlink")?;
             let gid = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::Symlink, 0o777).1;
-            let ino = self.vol.create_node_as(
-                &mut st,
-                dir,
-                name,
-                InodeKind::Symlink,
-                (c.uid, gid, 0o777),
-                Some(target),
-                0,
-            )?;
+            let node = NewNode {
+                kind: InodeKind::Symlink,
+                owner: (c.uid, gid, 0o777),
+                target: Some(target),
+                rdev: 0,
+            };
+            let ino = self.vol.create_node_as(&mut st, dir, name, &node)?;
             self.vol.stat_of(&st, ino)
         })
     }
@@ -474,15 +476,9 @@ impl Volume {
                     None => {
                         perm::may_change_dir(c, st.inode(dir)?, "create")?;
                         let owner = perm::new_inode_owner(c, st.inode(dir)?, InodeKind::File, mode);
-                        let ino = self.vol.create_absent(
-                            &mut st,
-                            dir,
-                            name,
-                            InodeKind::File,
-                            owner,
-                            None,
-                            0,
-                        )?;
+                        let ino =
+                            self.vol
+                                .create_absent(&mut st, dir, name, &NewNode::file(owner))?;
                         // Stated and opened in the hold that made it (one hold a
                         // create); the open last, so no error leaves it counted.
                         let s = self.vol.stat_of(&st, ino)?;

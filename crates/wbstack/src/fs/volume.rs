@@ -1413,6 +1413,27 @@ pub(super) fn errno_result(e: i32) -> FsResult<()> {
     }
 }
 
+/// What a new inode is (`Vol::create_node_as`): its kind, its owner and mode as
+/// `(uid, gid, mode)` (`perm::new_inode_owner`), a symlink's target, a device's number.
+#[derive(Clone, Copy)]
+pub(super) struct NewNode<'a> {
+    pub kind: InodeKind,
+    pub owner: (u32, u32, u32),
+    pub target: Option<&'a [u8]>,
+    pub rdev: u32,
+}
+
+impl NewNode<'_> {
+    pub fn file(owner: (u32, u32, u32)) -> Self {
+        NewNode {
+            kind: InodeKind::File,
+            owner,
+            target: None,
+            rdev: 0,
+        }
+    }
+}
+
 pub(super) fn check_name(name: &[u8]) -> FsResult<()> {
     if name.len() > NAME_MAX {
         return Err(FsError::NameTooLong(
@@ -1644,43 +1665,47 @@ impl Vol {
         mode: u32,
         target: Option<&[u8]>,
     ) -> FsResult<u64> {
-        self.create_node_as(st, dir, name, kind, (0, 0, mode), target, 0)
+        let node = NewNode {
+            kind,
+            owner: (0, 0, mode),
+            target,
+            rdev: 0,
+        };
+        self.create_node_as(st, dir, name, &node)
     }
 
-    /// Create `name` in `dir` owned by (uid, gid) with `mode`; `rdev` for a device.
-    #[allow(clippy::too_many_arguments)]
+    /// Create `name` in `dir` as `node` describes.
     pub(super) fn create_node_as(
         &self,
         st: &mut State,
         dir: u64,
         name: &[u8],
-        kind: InodeKind,
-        (uid, gid, mode): (u32, u32, u32),
-        target: Option<&[u8]>,
-        rdev: u32,
+        node: &NewNode,
     ) -> FsResult<u64> {
         st.check_writable()?;
         check_name(name)?;
         if st.find(dir, name)?.is_some() {
             return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned()));
         }
-        self.create_absent(st, dir, name, kind, (uid, gid, mode), target, rdev)
+        self.create_absent(st, dir, name, node)
     }
 
     /// `create_node_as` of a name the caller found absent from `dir` in this hold of
     /// `st` (an open that creates looked it up already: a second lookup was a tenth of
     /// the create's hold).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn create_absent(
         &self,
         st: &mut State,
         dir: u64,
         name: &[u8],
-        kind: InodeKind,
-        (uid, gid, mode): (u32, u32, u32),
-        target: Option<&[u8]>,
-        rdev: u32,
+        node: &NewNode,
     ) -> FsResult<u64> {
+        let NewNode {
+            kind,
+            owner: (uid, gid, mode),
+            target,
+            rdev,
+        } = *node;
         st.check_writable()?;
         check_name(name)?;
         debug_assert!(
@@ -2399,10 +2424,7 @@ impl Volume {
                             &mut st,
                             dir,
                             &name,
-                            InodeKind::File,
-                            (0, 0, o.mode),
-                            None,
-                            0,
+                            &NewNode::file((0, 0, o.mode)),
                         )?;
                         self.vol.open_created(&mut st, ino, o)?;
                         (ino, true, None)
