@@ -290,7 +290,7 @@ impl Vol {
             return;
         }
         home.sort_by_key(|h| h.block);
-        let vol = self.aops.vol.lock().clone();
+        let vol = self.aops.vol.get().cloned().unwrap_or_default();
         let _plug = Plug::start();
         let mut i = 0;
         while i < home.len() {

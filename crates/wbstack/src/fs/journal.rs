@@ -35,7 +35,7 @@ use rustc_hash::FxHashMap;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 const PAGE: u64 = BLOCK_SIZE as u64;
 /// Journal blocks read per IO during replay.
@@ -746,7 +746,7 @@ impl Volume {
         let node_cache = opts.node_cache;
         let bdi = Bdi::new(q.clone(), cache.clone(), opts.wb.clone());
         let aops = Arc::new(Aops {
-            vol: Mutex::new(Weak::new()),
+            vol: std::sync::OnceLock::new(),
         });
         let clock = q.clock().clone();
         let wall_offset_ns = if clock.is_manual() {
@@ -831,7 +831,8 @@ impl Volume {
             ordered_cv: Condvar::new(),
             truncate_cv: Condvar::new(),
         });
-        *aops.vol.lock() = Arc::downgrade(&vol);
+        let bound = aops.vol.set(Arc::downgrade(&vol));
+        debug_assert!(bound.is_ok(), "a volume's page-cache ops bound twice");
         let weak = Arc::downgrade(&vol);
         let h = std::thread::Builder::new()
             .name("fs-commit".into())

@@ -1105,12 +1105,14 @@ impl Vol {
 
 /// The filesystem's side of the page cache (`AddressSpaceOps`).
 pub(super) struct Aops {
-    pub vol: Mutex<Weak<Vol>>,
+    /// Set once, when the volume it serves is built (after it: the volume holds it). A
+    /// lock around it was one more lock every write and completion took.
+    pub vol: std::sync::OnceLock<Weak<Vol>>,
 }
 
 impl Aops {
     fn vol(&self) -> Result<Arc<Vol>, BlkError> {
-        self.vol.lock().upgrade().ok_or(BlkError::Io)
+        self.vol.get().and_then(Weak::upgrade).ok_or(BlkError::Io)
     }
 }
 
