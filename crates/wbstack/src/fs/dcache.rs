@@ -153,7 +153,8 @@ impl Dcache {
             self.found_empty.fetch_add(1, Ordering::Relaxed);
         }
         if self.seq.load(Ordering::SeqCst) != seq {
-            self.invalidated.fetch_add(1, Ordering::Relaxed);
+            // Release: a reader of this count sees the `found` it takes back.
+            self.invalidated.fetch_add(1, Ordering::Release);
             return None;
         }
         Some(Walked { dir, seq })
@@ -213,13 +214,19 @@ impl Dcache {
     }
 
     pub fn stats(&self) -> DcacheStats {
+        // Invalidations first: each follows its walk's count in `found`, so every one
+        // read here has its `found` read below (walks meanwhile count only as found).
+        let invalidated = self.invalidated.load(Ordering::Acquire);
         let (mut entries, mut found) = (0, self.found_empty.load(Ordering::Relaxed));
         for s in self.shards.iter() {
             let s = s.lock();
             entries += s.map.len() as u64;
             found += s.found;
         }
-        let invalidated = self.invalidated.load(Ordering::Relaxed);
+        debug_assert!(
+            found >= invalidated,
+            "{invalidated} walks invalidated of {found}"
+        );
         DcacheStats {
             entries,
             hits: found - invalidated,

@@ -80,6 +80,7 @@ pub(super) struct RestEpoch {
 #[derive(Default)]
 pub(super) struct Gauge {
     len: AtomicUsize,
+    /// The limit itself (`inode_cache`): set under the cache's lock, read anywhere.
     limit: AtomicUsize,
 }
 
@@ -99,7 +100,6 @@ pub(super) struct InodeCache {
     gauge: Arc<Gauge>,
     /// Unused inodes without pages, oldest first.
     lru: LazyLru,
-    limit: usize,
     evicted: u64,
     examined: u64,
     /// The epoch at which a prune evicted nothing because the oldest inodes wait for
@@ -117,7 +117,6 @@ impl InodeCache {
             map: FxHashMap::default(),
             gauge,
             lru: LazyLru::new(),
-            limit,
             evicted: 0,
             examined: 0,
             stalled_at: None,
@@ -129,11 +128,10 @@ impl InodeCache {
     }
 
     pub fn limit(&self) -> usize {
-        self.limit
+        self.gauge.limit()
     }
 
     pub fn set_limit(&mut self, limit: usize) {
-        self.limit = limit;
         self.gauge.limit.store(limit, Ordering::Relaxed);
     }
 
@@ -227,7 +225,7 @@ impl InodeCache {
         if self.stalled_at == Some(epoch) {
             return Vec::new();
         }
-        let excess = self.map.len().saturating_sub(self.limit).min(PRUNE_BATCH);
+        let excess = self.map.len().saturating_sub(self.limit()).min(PRUNE_BATCH);
         let mut out = Vec::new();
         let mut skips = 0;
         let mut waiting = false;

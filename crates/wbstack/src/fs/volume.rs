@@ -1689,7 +1689,7 @@ impl Vol {
         if st.find(dir, name)?.is_some() {
             return Err(FsError::Exists(String::from_utf8_lossy(name).into_owned()));
         }
-        self.create_absent(st, dir, name, node)
+        self.make_node(st, dir, name, node)
     }
 
     /// `create_node_as` of a name the caller found absent from `dir` in this hold of
@@ -1702,18 +1702,23 @@ impl Vol {
         name: &[u8],
         node: &NewNode,
     ) -> FsResult<u64> {
-        let NewNode {
-            kind,
-            owner: (uid, gid, mode),
-            target,
-            rdev,
-        } = *node;
         st.check_writable()?;
         check_name(name)?;
         debug_assert!(
             matches!(st.find(dir, name), Ok(None)),
             "a create of {name:?} in {dir}, which has it"
         );
+        self.make_node(st, dir, name, node)
+    }
+
+    /// The create itself, once the volume is writable, `name` valid and absent.
+    fn make_node(&self, st: &mut State, dir: u64, name: &[u8], node: &NewNode) -> FsResult<u64> {
+        let NewNode {
+            kind,
+            owner: (uid, gid, mode),
+            target,
+            rdev,
+        } = *node;
         if let Some(t) = target {
             if t.is_empty() || t.len() > TARGET_MAX {
                 return Err(FsError::Invalid(format!(
