@@ -50,7 +50,9 @@ run_arm() { # name dir statfile-reader
   read -r w0 s0 f0 <<<"$(writes "$before")"
   read -r w1 s1 f1 <<<"$(writes "$after")"
   local files
-  files=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+/ {n += $2} END {print n}' "$work/$name.fsmark.log")
+  # fs_mark's Count column is cumulative (the files made so far, every thread's), so
+  # the last loop's row is the total; summing the rows counted -L 2 as 1.5 times.
+  files=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+/ {n = $2} END {print n}' "$work/$name.fsmark.log")
   python3 - "$name" "$files" "$t0" "$t1" "$t2" "$((w1 - w0))" "$((s1 - s0))" "$((f1 - f0))" <<'PY'
 import sys
 name, files, t0, t1, t2, w, s, f = sys.argv[1], int(sys.argv[2]), *map(float, sys.argv[3:6]), *map(int, sys.argv[6:9])
