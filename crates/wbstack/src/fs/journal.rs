@@ -33,7 +33,7 @@ use crate::writeback::Bdi;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -779,7 +779,7 @@ impl Volume {
                 meta: l.meta,
                 running_tid: l.last_tid + 1,
                 txn: Records::new(),
-                txn_inodes: BTreeSet::new(),
+                txn_inodes: Default::default(),
                 txn_first_ns: None,
                 txn_bytes: 0,
                 txn_limit_bytes,

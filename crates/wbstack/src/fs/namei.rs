@@ -7,6 +7,7 @@ use super::error::{FsError, FsResult};
 use super::format::InodeKind;
 use super::meta::ROOT_INO;
 use super::volume::{check_name, State, Vol};
+use std::sync::Arc;
 
 /// Symlinks followed while resolving one path (the kernel's MAXSYMLINKS).
 pub(super) const MAX_SYMLINKS: u32 = 40;
@@ -89,16 +90,23 @@ impl Vol {
         }
     }
 
-    /// (parent directory, last name) for an operation that takes `st` itself once it
-    /// has them (unlink, rename): from the dentry cache's walk without `st` when it
-    /// had the path's directories, as a walk under `st` that drops it before the
-    /// operation would give them.
-    pub(super) fn parent_of(&self, p: &PathWalk) -> FsResult<(u64, Vec<u8>)> {
-        if let (Some(w), Some(last)) = (p.walked, p.last) {
-            creatable(p.path, last)?;
-            return Ok((w.dir, last.to_vec()));
-        }
-        self.resolve_parent(&self.st.lock(), p)
+    /// unlink(2) or rmdir(2) of a path: its directory found (the dentry cache's walk
+    /// confirmed, or a walk) in the hold of `st` that removes the name, so the name
+    /// removed is the one the path names when it goes, whatever was renamed between
+    /// the walk and the lock.
+    pub(super) fn unlink_path(&self, p: &PathWalk, rmdir: bool) -> FsResult<()> {
+        let mut st = self.st.lock();
+        let (dir, name) = self.resolve_parent(&st, p)?;
+        self.unlink_in(&mut st, dir, &name, rmdir)
+    }
+
+    /// rename(2) of two paths, both directories found in the hold of `st` that moves
+    /// the name (as `unlink_path`).
+    pub(super) fn rename_paths(self: &Arc<Self>, from: &PathWalk, to: &PathWalk) -> FsResult<()> {
+        let st = self.st.lock();
+        let (od, on) = self.resolve_parent(&st, from)?;
+        let (nd, nn) = self.resolve_parent(&st, to)?;
+        self.rename_in(st, od, &on, nd, &nn)
     }
 
     /// Resolve a path to (parent directory, last name) without looking the last name up.
@@ -281,6 +289,43 @@ mod tests {
             d
         );
         assert!(v.inode_cache_stats().dentry_walk_hits > seq_hits.max(hits));
+        assert!(v.check().is_empty(), "{:?}", v.check());
+        v.unmount().unwrap();
+    }
+
+    #[test]
+    fn unlink_and_rename_act_on_what_the_path_names_when_they_take_st() {
+        let v = volume();
+        v.mkdir("/a", 0o755).unwrap();
+        v.create("/a/f").unwrap().close().unwrap();
+        v.create("/a/g").unwrap().close().unwrap();
+        let old_a = v.lookup_path("/a").unwrap();
+        // Walked while /a was the first directory; then /a moves to /b and a new /a
+        // with its own f and g takes the name.
+        let unlink = v.vol.path_walk("/a/f");
+        let rename = v.vol.path_walk("/a/g");
+        let target = v.vol.path_walk("/a/h");
+        assert!(unlink.walked.is_some_and(|w| w.dir == old_a));
+        v.rename("/a", "/b").unwrap();
+        v.mkdir("/a", 0o755).unwrap();
+        v.create("/a/f").unwrap().close().unwrap();
+        v.create("/a/g").unwrap().close().unwrap();
+        v.vol.unlink_path(&unlink, false).unwrap();
+        v.vol.rename_paths(&rename, &target).unwrap();
+        // The new /a's names changed; the moved directory's stayed.
+        assert!(matches!(v.stat("/a/f"), Err(FsError::NotFound(_))));
+        assert!(matches!(v.stat("/a/g"), Err(FsError::NotFound(_))));
+        assert!(v.stat("/a/h").is_ok());
+        for kept in ["/b/f", "/b/g"] {
+            assert!(v.stat(kept).is_ok(), "{kept}");
+        }
+        assert!(matches!(v.stat("/b/h"), Err(FsError::NotFound(_))));
+        // A walk through a directory removed since: ENOENT, as a walk under `st` finds.
+        let gone = v.vol.path_walk("/b/f");
+        v.rename("/b", "/c").unwrap();
+        let r = v.vol.unlink_path(&gone, false);
+        assert!(matches!(r, Err(FsError::NotFound(_))), "{r:?}");
+        assert!(v.stat("/c/f").is_ok());
         assert!(v.check().is_empty(), "{:?}", v.check());
         v.unmount().unwrap();
     }

@@ -24,7 +24,7 @@ use crate::clock::ClockRef;
 use crate::mm::{AddressSpaceOps, CacheConfig, ErrSeq, Mapping, PageCache};
 use crate::writeback::{Bdi, WbConfig};
 use parking_lot::{Condvar, Mutex};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -546,7 +546,7 @@ pub(super) struct Inflight {
 /// apart from the metadata so a prune of it can ask.
 struct Owed<'a> {
     live: &'a FxHashMap<u64, Box<Live>>,
-    txn_inodes: &'a BTreeSet<u64>,
+    txn_inodes: &'a FxHashSet<u64>,
     truncating: &'a FxHashMap<u64, u32>,
     ordered: &'a [Ordered],
 }
@@ -577,8 +577,10 @@ pub(super) struct State {
     /// The running transaction's records, applied already.
     pub txn: Records,
     /// Inodes whose attributes or size changed in the running transaction: restated as
-    /// SetAttr/SetSize records when it commits (one each, however many writes).
-    pub txn_inodes: BTreeSet<u64>,
+    /// SetAttr/SetSize records when it commits (one each, however many writes). A hash
+    /// set, sorted once at the commit: every create and write inserts here under `st`,
+    /// and a B-tree's insert was a tenth of a write's hold of it.
+    pub txn_inodes: FxHashSet<u64>,
     pub txn_first_ns: Option<u64>,
     /// Encoded bytes of the records logged in the running transaction, and the size at
     /// which it commits without waiting for its interval (jbd2's
@@ -821,7 +823,10 @@ impl State {
     /// the last one, 131,072 and more, and pushing two records each under `st` cost as
     /// long again).
     pub fn restate(&mut self, records: bool) {
-        for ino in std::mem::take(&mut self.txn_inodes) {
+        // In inode order, as replay and the tests see them, whatever the set's order.
+        let mut inos: Vec<u64> = std::mem::take(&mut self.txn_inodes).into_iter().collect();
+        inos.sort_unstable();
+        for ino in inos {
             // Changed in place, not through `Meta::apply`: the tree learns of it here.
             self.meta.note_inode(ino);
             if !records {
@@ -1797,7 +1802,17 @@ impl Vol {
     }
 
     pub(super) fn unlink_at(&self, dir: u64, name: &[u8], rmdir: bool) -> FsResult<()> {
-        let mut st = self.st.lock();
+        self.unlink_in(&mut self.st.lock(), dir, name, rmdir)
+    }
+
+    /// `unlink_at` in a hold of `st` the caller took (to find `dir` in the same hold).
+    pub(super) fn unlink_in(
+        &self,
+        st: &mut State,
+        dir: u64,
+        name: &[u8],
+        rmdir: bool,
+    ) -> FsResult<()> {
         st.check_writable()?;
         let ino = st.lookup(dir, name)?;
         if name == b"." || name == b".." {
@@ -1815,7 +1830,7 @@ impl Vol {
         st.log_unlink(dir, name, ino, now)?;
         st.stamp(dir, now, true);
         st.stamp(ino, now, false);
-        self.drop_if_unlinked(&mut st, ino)
+        self.drop_if_unlinked(st, ino)
     }
 
     pub(super) fn rename_at(
@@ -1825,7 +1840,19 @@ impl Vol {
         nd: u64,
         nn: &[u8],
     ) -> FsResult<()> {
-        let mut st = self.st.lock();
+        self.rename_in(self.st.lock(), od, on, nd, nn)
+    }
+
+    /// `rename_at` in a hold of `st` the caller took (to find both directories in the
+    /// same hold); it ends the hold.
+    pub(super) fn rename_in(
+        self: &Arc<Self>,
+        mut st: parking_lot::MutexGuard<'_, State>,
+        od: u64,
+        on: &[u8],
+        nd: u64,
+        nn: &[u8],
+    ) -> FsResult<()> {
         st.check_writable()?;
         check_name(nn)?;
         let ino = st.lookup(od, on)?;
@@ -2330,27 +2357,18 @@ impl Volume {
 
     pub fn unlink(&self, path: &str) -> FsResult<()> {
         let path = &self.vol.path_walk(path);
-        self.vol.faulting(|| {
-            let (dir, name) = self.vol.parent_of(path)?;
-            self.vol.unlink_at(dir, &name, false)
-        })
+        self.vol.faulting(|| self.vol.unlink_path(path, false))
     }
 
     pub fn rmdir(&self, path: &str) -> FsResult<()> {
         let path = &self.vol.path_walk(path);
-        self.vol.faulting(|| {
-            let (dir, name) = self.vol.parent_of(path)?;
-            self.vol.unlink_at(dir, &name, true)
-        })
+        self.vol.faulting(|| self.vol.unlink_path(path, true))
     }
 
     /// rename(2), replacing an existing target atomically.
     pub fn rename(&self, from: &str, to: &str) -> FsResult<()> {
         let (from, to) = (&self.vol.path_walk(from), &self.vol.path_walk(to));
-        self.vol.faulting(|| {
-            let ((od, on), (nd, nn)) = (self.vol.parent_of(from)?, self.vol.parent_of(to)?);
-            self.vol.rename_at(od, &on, nd, &nn)
-        })
+        self.vol.faulting(|| self.vol.rename_paths(from, to))
     }
 
     pub fn readdir(&self, path: &str) -> FsResult<Vec<DirEntry>> {
