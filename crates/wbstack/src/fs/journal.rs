@@ -44,6 +44,18 @@ const REPLAY_WINDOW: u64 = 256;
 /// commits reaches it (2^62 at a million a second take 146,000 years), and counting on
 /// from a forged larger one would overflow.
 const COUNTER_MAX: u64 = 1 << 62;
+/// Transaction ids every mount skips. Journal writes go out up to `MAX_LOGBUFS` at a
+/// time, so a power cut can lose one while later ones land: those stay in the journal,
+/// valid, carrying the very tids the next mount's transactions would take, and one of
+/// them replayed after the new transaction that took its predecessor's place (same
+/// position, same length: the same operation again) would bring back a change nobody
+/// was told was durable, after changes it never saw. Mount's checkpoint moves the tids
+/// on past every one that could have been in flight (jbd2 moves its sequence on after
+/// recovery for the same reason), so replay never expects one of them again. Mount
+/// cannot tell a clean unmount from such a cut (nothing after the checkpoint replays in
+/// both), so it does so every time.
+pub(super) const TIDS_SKIPPED_AT_MOUNT: u64 = 1 << 10;
+const _: () = assert!((super::volume::MAX_LOGBUFS as u64) < TIDS_SKIPPED_AT_MOUNT);
 
 #[derive(Clone, Debug, Default)]
 pub struct MkfsOptions {
@@ -390,14 +402,10 @@ pub fn load_after_superblock(
 /// What mount does to a loaded image whose metadata passed `Meta::check` (operations
 /// rely on every invariant, so an image breaking one is refused, never half-trusted)
 /// before it writes anything: delete the orphans, then encode the new checkpoint, which
-/// must fit the slot it goes to. fsck runs the same steps, so an image fsck finds clean
-/// mounts. Returns the orphans deleted and the encoded checkpoint (seq and slot after
-/// `l`'s), or no checkpoint when the newest one is the state already (see
-/// `needs_checkpoint`); the error names what is wrong.
-pub(super) fn prepare_mount(l: &mut Loaded) -> FsResult<(Vec<u64>, Option<MountCheckpoint>)> {
-    if !needs_checkpoint(l) {
-        return Ok((Vec::new(), None));
-    }
+/// must fit the slot it goes to, as of transaction `mount_tid` (the tids skipped:
+/// `TIDS_SKIPPED_AT_MOUNT`). fsck runs the same steps, so an image fsck finds clean
+/// mounts. Returns the orphans deleted and the checkpoint (seq and slot after `l`'s).
+pub(super) fn prepare_mount(l: &mut Loaded) -> FsResult<(Vec<u64>, MountCheckpoint)> {
     let orphans: Vec<u64> = l.meta.orphans.iter().copied().collect();
     for ino in &orphans {
         apply_at_mount(
@@ -412,7 +420,7 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> FsResult<(Vec<u64>, Option<MountC
         let ckpt = Checkpoint {
             fs_id: l.sb.fs_id,
             seq: l.ckpt_seq + 1,
-            tid: l.last_tid,
+            tid: mount_tid(l),
             journal_pos: 0,
             image: l.meta.encode_image(),
         }
@@ -424,7 +432,7 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> FsResult<(Vec<u64>, Option<MountC
                 ckpt.len()
             )));
         }
-        return Ok((orphans, Some(MountCheckpoint::Image(ckpt))));
+        return Ok((orphans, MountCheckpoint::Image(ckpt)));
     };
     // The changes go into the tree now (reads only: writing is mount's), so what
     // cannot go in is found by fsck too.
@@ -435,13 +443,20 @@ pub(super) fn prepare_mount(l: &mut Loaded) -> FsResult<(Vec<u64>, Option<MountC
         changes.append(metatree::all_changes(&mut l.meta));
     }
     let gen = changes.gen;
+    if changes.is_empty() {
+        // The tree is the state already (a clean unmount's, or a cut with nothing to
+        // replay): mount's checkpoint is its root record again, holding the tids moved
+        // on, and writes no node.
+        let space = l.meta.space_record();
+        return Ok((orphans, MountCheckpoint::Tree { gen, space }));
+    }
     let mut captured = metatree::capture(&l.meta, changes);
     let space = captured.space.take();
     metatree::apply_captured(&mut tree.tree, &*tree.store, captured).map_err(|e| match e {
         e @ super::btree::TreeError::Io { .. } => FsError::from(e),
         e => FsError::Corrupt(format!("the metadata tree: {e}")),
     })?;
-    Ok((orphans, Some(MountCheckpoint::Tree { gen, space })))
+    Ok((orphans, MountCheckpoint::Tree { gen, space }))
 }
 
 /// What mount's checkpoint writes (`prepare_mount`).
@@ -456,16 +471,10 @@ pub(super) enum MountCheckpoint {
     },
 }
 
-/// Whether mount must write a checkpoint: only when the state differs from the newest
-/// one (transactions replayed, orphans to delete, journaled data to write home) or the
-/// superblock moves to this version. After a clean unmount it does not, and mount
-/// neither encodes nor writes the whole metadata again: the journal resumes where the
-/// checkpoint says, and the next checkpoint goes to the other slot.
-fn needs_checkpoint(l: &Loaded) -> bool {
-    l.txns_replayed > 0
-        || !l.meta.orphans.is_empty()
-        || !l.jdata.is_empty()
-        || l.sb.version < upgraded_version(&l.sb)
+/// The transaction mount's checkpoint holds the state as of: the last one replayed,
+/// then `TIDS_SKIPPED_AT_MOUNT` more that no transaction will ever carry.
+pub(super) fn mount_tid(l: &Loaded) -> u64 {
+    l.last_tid + TIDS_SKIPPED_AT_MOUNT
 }
 
 /// The version an image is at after its mount: a tree's, format 5; a whole-metadata
@@ -679,7 +688,8 @@ impl Volume {
                 BioFlags::empty(),
             )?;
         }
-        let (slot, seq, head) = if let Some(ckpt) = ckpt {
+        let tid = mount_tid(&l);
+        let (slot, seq) = {
             let slot = 1 - l.ckpt_slot;
             let seq = l.ckpt_seq + 1;
             let (enc, written) = match (ckpt, l.tree.as_mut()) {
@@ -689,7 +699,7 @@ impl Volume {
                     let w = tree.write_nodes(seq, &mut |goal, n| alloc_nodes(meta, goal, n))?;
                     let data = l.sb.data_start..l.sb.nr_blocks;
                     (
-                        root_record(l.sb.fs_id, seq, l.last_tid, 0, &w, space, data)?,
+                        root_record(l.sb.fs_id, seq, tid, 0, &w, space, data)?,
                         Some((w, gen)),
                     )
                 }
@@ -705,9 +715,7 @@ impl Volume {
             if let (Some(t), Some((w, gen))) = (&l.tree, written) {
                 t.release(&mut l.meta, &w, gen)?;
             }
-            (slot, seq, 0)
-        } else {
-            (l.ckpt_slot, l.ckpt_seq, l.ckpt_journal_pos)
+            (slot, seq)
         };
         l.meta.take_changes();
         if let (Some(t), false) = (&l.tree, l.lazy) {
@@ -760,7 +768,7 @@ impl Volume {
         let jwaiter = crate::clock::Waiter::new();
         clock.register_waiter(&jwaiter);
         let txn_limit_bytes = (l.sb.journal_blocks * PAGE / 4) as usize;
-        let ring = super::jspace::JournalRing::new(head, l.sb.journal_blocks);
+        let ring = super::jspace::JournalRing::new(0, l.sb.journal_blocks);
         let dcache = Arc::new(super::dcache::Dcache::default());
         let icache = super::icache::InodeCache::new(inode_cache);
         let vol = Arc::new(Vol {
@@ -777,7 +785,7 @@ impl Volume {
             opts,
             st: crate::spin::SpinMutex::new(State {
                 meta: l.meta,
-                running_tid: l.last_tid + 1,
+                running_tid: tid + 1,
                 txn: Records::new(),
                 txn_inodes: Default::default(),
                 txn_first_ns: None,
@@ -806,10 +814,10 @@ impl Volume {
             }),
             tree: Mutex::new(l.tree),
             jn: Mutex::new(JState {
-                committed: l.last_tid,
-                closed: l.last_tid,
-                released: l.last_tid,
-                want_tid: l.last_tid,
+                committed: tid,
+                closed: tid,
+                released: tid,
+                want_tid: tid,
                 ckpt_seq: seq,
                 ckpt_slot: slot,
                 ring,
