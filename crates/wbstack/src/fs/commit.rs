@@ -204,8 +204,7 @@ impl Vol {
                 let mut st = self.st.lock();
                 match st.jhome_first_ns {
                     Some(t) if now >= t + super::jdata::HOME_DELAY_NS => {
-                        st.jhome_first_ns = None;
-                        Some(std::mem::take(&mut st.jhome))
+                        Some(self.take_home(&mut st))
                     }
                     Some(t) => {
                         drop(st);
@@ -481,8 +480,7 @@ impl Vol {
                 // logged) sleeps on those pages, and may be what this wait needs (a
                 // sync pass of the flusher writing the ordered data).
                 if !st.jhome.is_empty() {
-                    st.jhome_first_ns = None;
-                    let home = std::mem::take(&mut st.jhome);
+                    let home = self.take_home(&mut st);
                     parking_lot::MutexGuard::unlocked(&mut st, || self.submit_home(home));
                     continue;
                 }
@@ -580,10 +578,9 @@ impl Vol {
                 || st.meta.alloc.deferred_blocks() > 0
                 || st.jhome.len() >= super::jdata::HOME_BATCH
             {
-                st.jhome_first_ns = None;
-                std::mem::take(&mut st.jhome)
+                self.take_home(&mut st)
             } else {
-                Vec::new()
+                super::jdata::TakenHome::default()
             };
             let (payload, covered, bg_capture) = if ckpt {
                 // The journal is about to start over: no copy in it is replayed again.

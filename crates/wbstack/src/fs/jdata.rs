@@ -83,6 +83,15 @@ pub(super) struct JHome {
     pub gen: WbGen,
 }
 
+/// Journaled blocks taken from `State::jhome` for their home writes, counted pending
+/// (`HomeWrites`) in the same hold of `st` that took them (`Vol::take_home`): a
+/// `wait_home` never finds a block neither held back nor pending, as it did when the
+/// count came later, outside `st`, and a checkpoint or a release of freed blocks went
+/// ahead of a home write still to be sent.
+#[must_use = "taken blocks are counted pending: submit them (submit_home)"]
+#[derive(Default)]
+pub(super) struct TakenHome(Vec<JHome>);
+
 impl Vol {
     /// fsync's journaled-data path: put the inode's dirty pages in the running
     /// transaction if the policy takes them. True when it did (every page dirty at the
@@ -285,7 +294,8 @@ impl Vol {
     /// any wait of the commit: a thread waiting for these pages never waits for the
     /// commit). A home write may land before its commit, as ordered data does: a new
     /// block is not referenced yet, a mapped one is overwritten in place.
-    pub(super) fn submit_home(&self, mut home: Vec<JHome>) {
+    pub(super) fn submit_home(&self, home: TakenHome) {
+        let mut home = home.0;
         if home.is_empty() {
             return;
         }
@@ -299,17 +309,17 @@ impl Vol {
                 j += 1;
             }
             let buf = IoBuf::concat(home[i..j].iter().map(|h| h.data.as_slice()));
-            // Counted under the oldest transaction among them: waiting for any of
-            // theirs waits for this write.
-            let tid = home[i..j].iter().map(|h| h.tid).min().expect("a run");
-            *self.home.pending.lock().entry(tid).or_default() += 1;
             let end = Arc::new(HomeEnd {
                 vol: vol.clone(),
                 home: self.home.clone(),
-                tid,
-                pages: home[i..j]
+                blocks: home[i..j]
                     .iter()
-                    .map(|h| (h.mapping.clone(), h.index, h.gen))
+                    .map(|h| HomeBlock {
+                        mapping: h.mapping.clone(),
+                        index: h.index,
+                        gen: h.gen,
+                        tid: h.tid,
+                    })
                     .collect(),
             });
             let bio = Bio::write(home[i].block * SECTORS_PER_BLOCK, buf)
@@ -322,6 +332,19 @@ impl Vol {
         }
     }
 
+    /// Every held-back home write, counted pending (see `TakenHome`).
+    pub(super) fn take_home(&self, st: &mut State) -> TakenHome {
+        st.jhome_first_ns = None;
+        let home = std::mem::take(&mut st.jhome);
+        if !home.is_empty() {
+            let mut p = self.home.pending.lock();
+            for h in &home {
+                *p.entry(h.tid).or_default() += 1;
+            }
+        }
+        TakenHome(home)
+    }
+
     /// Send every held-back home write now (a thread is about to wait for one of them).
     pub(super) fn kick_home(&self) {
         let home = {
@@ -329,8 +352,7 @@ impl Vol {
             if st.jhome.is_empty() {
                 return;
             }
-            st.jhome_first_ns = None;
-            std::mem::take(&mut st.jhome)
+            self.take_home(&mut st)
         };
         self.submit_home(home);
         // Inside a caller's plug (writepages), submit_home's own plug is nested and
@@ -358,25 +380,33 @@ impl Vol {
     }
 }
 
-/// Home writes in flight, by transaction (a leaf lock).
+/// Blocks taken for their home writes and not yet home, by the transaction carrying
+/// each (a leaf lock: taken under `st` by `take_home`).
 #[derive(Default)]
 pub(super) struct HomeWrites {
     pending: Mutex<BTreeMap<u64, u64>>,
     cv: Condvar,
 }
 
+/// One block of a home write: its page, and the transaction it is counted under.
+struct HomeBlock {
+    mapping: Arc<Mapping>,
+    index: u64,
+    gen: WbGen,
+    tid: u64,
+}
+
 /// The completion of one home write.
 struct HomeEnd {
     vol: Weak<Vol>,
     home: Arc<HomeWrites>,
-    tid: u64,
-    pages: Vec<(Arc<Mapping>, u64, WbGen)>,
+    blocks: Vec<HomeBlock>,
 }
 
 impl HomeEnd {
     fn done(&self, status: BlkResult) {
-        for (m, index, gen) in &self.pages {
-            m.end_claimed(*index, 1, *gen, status.clone());
+        for b in &self.blocks {
+            b.mapping.end_claimed(b.index, 1, b.gen, status.clone());
         }
         if let Err(e) = &status {
             // The next checkpoint would forget the only good copy: stop here.
@@ -386,17 +416,19 @@ impl HomeEnd {
             }
         }
         let mut p = self.home.pending.lock();
-        if let Some(n) = p.get_mut(&self.tid) {
-            *n -= 1;
-            if *n == 0 {
-                p.remove(&self.tid);
+        for b in &self.blocks {
+            if let Some(n) = p.get_mut(&b.tid) {
+                *n -= 1;
+                if *n == 0 {
+                    p.remove(&b.tid);
+                }
+            } else {
+                debug_assert!(
+                    false,
+                    "a home write of transaction {} ended with none pending",
+                    b.tid
+                );
             }
-        } else {
-            debug_assert!(
-                false,
-                "a home write of transaction {} ended twice",
-                self.tid
-            );
         }
         drop(p);
         self.home.cv.notify_all();
@@ -423,4 +455,53 @@ fn eligible(st: &State, ino: u64) -> bool {
             .live
             .get(&ino)
             .is_none_or(|l| !l.trunc_pending && l.pending.is_empty() && l.deferred_maps.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::block::{QueueConfig, RequestQueue};
+    use crate::fs::journal::MkfsOptions;
+    use crate::fs::volume::{MountOptions, Volume};
+
+    /// A block taken for its home write is pending before `st` is dropped: a
+    /// checkpoint or a release of freed blocks waiting for home writes (`wait_home`)
+    /// from another thread can never find it neither held back nor pending.
+    #[test]
+    fn blocks_taken_for_home_writes_are_pending_before_st_is_dropped() {
+        let q = RequestQueue::open("sim:ssd,size=64M", QueueConfig::default()).unwrap();
+        Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
+        let mut o = MountOptions::default();
+        o.wb.dirty_writeback_centisecs = 0;
+        o.commit_interval_ms = 3_600_000;
+        let v = Volume::mount(q, o).unwrap();
+        let vol = &v.vol;
+        // The committer sends held-back blocks home once idle for HOME_DELAY_NS: a
+        // stalled test thread may find them gone, so it tries again, a bounded number
+        // of times.
+        let mut checked = 0;
+        for i in 0..50 {
+            let f = v.create(&format!("/f{i}")).unwrap();
+            f.write_at(0, &[i as u8; 4096]).unwrap();
+            f.fsync().unwrap();
+            f.close().unwrap();
+            let mut st = vol.st.lock();
+            let Some(tid) = st.jhome.iter().map(|h| h.tid).max() else {
+                continue;
+            };
+            let held = st.jhome.len() as u64;
+            let taken = vol.take_home(&mut st);
+            assert!(st.jhome.is_empty());
+            assert_eq!(vol.home.pending.lock().values().sum::<u64>(), held);
+            drop(st);
+            vol.submit_home(taken);
+            vol.wait_home(tid);
+            assert!(vol.home.pending.lock().is_empty());
+            checked += 1;
+        }
+        assert!(
+            checked > 0,
+            "every fsync's block went home before the test looked"
+        );
+        v.unmount().unwrap();
+    }
 }
