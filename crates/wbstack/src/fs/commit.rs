@@ -517,7 +517,14 @@ impl Vol {
                     }
                 }
             }
-            if st.aborted.is_some() {
+            if let Some(why) = st.aborted.clone() {
+                drop(st);
+                // Stopped under `st` alone (`State::allocator_broken`, which cannot
+                // take the journal's lock there): the journal fails now, so every
+                // waiter hears of it instead of waiting for a commit that never comes.
+                if self.jn.lock().error.is_none() {
+                    self.abort(why);
+                }
                 return;
             }
             let close_t0 = self.now();
@@ -1132,5 +1139,39 @@ mod tests {
             ..inputs(true, 0, 8)
         };
         assert_eq!(writes_in_flight(&one), 1);
+    }
+}
+
+#[cfg(test)]
+mod abort_tests {
+    use crate::block::{QueueConfig, RequestQueue};
+    use crate::fs::journal::MkfsOptions;
+    use crate::fs::volume::{MountOptions, Volume};
+    use std::time::Duration;
+
+    /// The volume stopped under `st` alone (what `State::allocator_broken` leaves: it
+    /// cannot take the journal's lock there): the next commit fails the journal, so a
+    /// syncfs returns an error instead of waiting for a commit that never comes.
+    #[test]
+    fn a_volume_stopped_under_st_alone_fails_syncfs_instead_of_hanging_it() {
+        let q = RequestQueue::open("sim:ssd,size=64M", QueueConfig::default()).unwrap();
+        Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
+        let mut o = MountOptions::default();
+        o.wb.dirty_writeback_centisecs = 0;
+        o.commit_interval_ms = 3_600_000;
+        let v = std::sync::Arc::new(Volume::mount(q, o).unwrap());
+        let f = v.create("/f").unwrap();
+        f.write_at(0, b"data").unwrap();
+        v.vol.st.lock().aborted = Some("allocator: a test's broken free".into());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let v2 = v.clone();
+        std::thread::spawn(move || tx.send(v2.sync()).unwrap());
+        let r = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("syncfs still waiting a minute after the volume stopped");
+        assert!(r.is_err(), "{r:?}");
+        assert!(f.fsync().is_err());
+        drop(f);
+        assert!(std::sync::Arc::try_unwrap(v).is_ok_and(|v| v.unmount().is_err()));
     }
 }

@@ -631,8 +631,9 @@ pub(super) struct State {
 impl State {
     /// An allocator call that cannot fail did (a double free, releasing more than was
     /// reserved): the in-memory metadata is wrong. Reported, never absorbed: the volume
-    /// turns read-only with the reason (ext4's errors=remount-ro), and a debug build
-    /// stops here.
+    /// turns read-only with the reason (ext4's errors=remount-ro), the next commit
+    /// fails the journal with it (so every fsync and syncfs waiting hears EIO), and a
+    /// debug build stops here.
     pub(super) fn allocator_broken(&mut self, what: &str, r: Result<(), super::alloc::AllocError>) {
         if let Err(e) = r {
             debug_assert!(false, "{what}: {e}");
