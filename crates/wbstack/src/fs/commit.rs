@@ -360,6 +360,12 @@ impl Vol {
             j.closed
         );
         j.committed = d.tid;
+        if let Some((t, pos)) = j.tail_after_commit {
+            if d.tid >= t {
+                j.ring.checkpointed(pos);
+                j.tail_after_commit = None;
+            }
+        }
         j.released = j.released.max(released);
         if let Some(g) = d.gen {
             debug_assert!(g > j.barrier_done, "barrier {g} finished out of order");
@@ -371,6 +377,7 @@ impl Vol {
                 debug_assert!(j.in_flight.is_empty(), "a checkpoint beside journal writes");
                 debug_assert!(!j.bg_ckpt_running, "two checkpoints at once");
                 j.ring.reset();
+                j.tail_after_commit = None;
                 j.sync_ckpts += 1;
                 j.ckpt_slot = slot;
                 j.ckpt_seq = seq;
@@ -882,7 +889,14 @@ impl Vol {
                 let took = self.now().saturating_sub(t0);
                 let mut j = self.jn.lock();
                 debug_assert!(j.bg_ckpt_running, "a background checkpoint not recorded");
-                j.ring.checkpointed(journal_pos);
+                if j.committed >= tid {
+                    j.ring.checkpointed(journal_pos);
+                } else {
+                    // Its own commit write may still be in flight (the checkpoint was
+                    // taken at its close): `durable` moves the tail once it completed.
+                    // A newer one waiting replaces an older: it covers more.
+                    j.tail_after_commit = Some((tid, journal_pos));
+                }
                 j.ckpt_slot = slot;
                 j.ckpt_seq = seq;
                 j.bg_ckpt_running = false;

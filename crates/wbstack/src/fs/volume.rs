@@ -969,6 +969,11 @@ pub(super) struct JState {
     pub bg_ckpt_running: bool,
     /// The transaction that checkpoint holds.
     pub bg_ckpt_tid: u64,
+    /// A durable background checkpoint's (transaction, replay start) whose tail move
+    /// waits for that transaction's own journal write, and every one before it, to
+    /// complete: until then a write still in flight could land on blocks the head is
+    /// given again.
+    pub tail_after_commit: Option<(u64, u64)>,
     /// Checkpoints written in place of a commit (`Vol::checkpoint_now` waits for one).
     pub sync_ckpts: u64,
     pub ckpt_seq: u64,
