@@ -823,3 +823,59 @@ fn claimed_pages_and_bio_writes_end_only_their_own_pages() {
     assert_eq!(v.bdi.nr_writeback(), 0);
     assert_eq!(v.cache.nr_dirty(), 0);
 }
+
+/// A write waiting for another reader's read of a page it covers in part, when that
+/// read fails: the write fails, but the pages it dirtied before the wait are on the
+/// dirty lists (a sync writes them); and a write covering such a page whole never fails
+/// for someone else's read.
+#[test]
+fn a_write_failed_by_another_readers_error_leaves_no_dirty_page_unlisted() {
+    let cache = CacheConfig {
+        ra_max_pages: 0,
+        ..Default::default()
+    };
+    let v = volume("sim:ssd,size=64M", cache, quiet_wb(true), 64);
+    let sim = v.q.device().as_any().downcast_ref::<SimDevice>().unwrap();
+    for ino in [1u64, 2] {
+        let f = v.file(ino);
+        for i in 0..3u64 {
+            f.write_at(i * 4096, &page(ino, i)).unwrap();
+        }
+    }
+    v.bdi.sync().unwrap();
+    for (ino, partial) in [(1u64, true), (2, false)] {
+        let f = v.evict(ino, 3 * 4096).unwrap();
+        // Page 2 of the file (the test filesystem's fixed region) fails its reads.
+        let sector = (ino * 64 + 2) * 8;
+        sim.inject_eio(sector..sector + 8, true, false);
+        sim.hold(true);
+        let reader = {
+            let f = f.clone();
+            std::thread::spawn(move || f.read_at(2 * 4096, &mut [0u8; 4096]))
+        };
+        wait_for("the reader's read inside the device", || sim.pending() == 1);
+        // Pages 0 and 1 whole, page 2 in part or whole.
+        let len = if partial { 2 * 4096 + 100 } else { 3 * 4096 };
+        let data = vec![0xabu8; len];
+        let writer = {
+            let f = f.clone();
+            std::thread::spawn(move || f.write_at(0, &data))
+        };
+        wait_for("the writer waiting on page 2", || f.nr_dirty() == 2);
+        sim.hold(false);
+        assert!(reader.join().unwrap().is_err());
+        let w = writer.join().unwrap();
+        sim.clear_faults();
+        if partial {
+            assert!(w.is_err(), "{w:?}");
+        } else {
+            assert_eq!(
+                w.unwrap(),
+                len,
+                "a whole-page write failed for another's read"
+            );
+        }
+        v.bdi.sync().unwrap();
+        assert_eq!(f.nr_dirty(), 0, "inode {ino}: dirty pages no sync writes");
+    }
+}

@@ -508,14 +508,26 @@ impl Mapping {
                     batch.fresh.push(index);
                 }
                 Some(p) if p.reading || (partial && !p.uptodate) => {
+                    // Listed before any wait that can fail: what this write dirtied so
+                    // far is written back whatever the read does (a failed write that
+                    // returned here left its pages dirty on no list, for good).
                     self.publish(&mut batch);
                     let seen = inner.read_failures;
-                    match self.wait_page_read(inner, index, seen)? {
-                        Waited::Present(g) => inner = g,
-                        Waited::Gone(g) => {
+                    drop(inner);
+                    self.queue_inode(&mut batch);
+                    match self.wait_page_read(self.inner.lock(), index, seen) {
+                        Ok(Waited::Present(g)) => inner = g,
+                        Ok(Waited::Gone(g)) => {
                             inner = g;
                             continue;
                         }
+                        // Another reader's read failed: a page this write covers whole
+                        // needs nothing of it.
+                        Err(_) if !partial => {
+                            inner = self.inner.lock();
+                            continue;
+                        }
+                        Err(e) => return Err(e),
                     }
                     if partial && !inner.pages[&index].uptodate {
                         let seen = inner.read_failures;
@@ -536,6 +548,9 @@ impl Mapping {
             {
                 let Some(p) = inner.pages.get_mut(&index) else {
                     debug_assert!(false, "page {index} of inode {} vanished", self.ino);
+                    self.publish(&mut batch);
+                    drop(inner);
+                    self.queue_inode(&mut batch);
                     return Err(BlkError::Io);
                 };
                 p.buf.as_mut_slice()[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
