@@ -57,6 +57,8 @@ pub struct CutReport {
     pub seconds: f64,
     /// Where a failing cut's replay file was written (`--replay FILE` rebuilds it).
     pub replay_file: Option<String>,
+    /// The recovered volume's second life (`second_life`), run when the first passed.
+    pub second_life: Option<SecondLife>,
 }
 
 impl CutReport {
@@ -67,6 +69,13 @@ impl CutReport {
             || self.recovery_error.is_some()
             || !self.unexpected_errors.is_empty()
             || !self.verdict.clean()
+            || self.second_life_failed()
+    }
+
+    pub fn second_life_failed(&self) -> bool {
+        self.second_life
+            .as_ref()
+            .is_some_and(|l| !l.problems.is_empty())
     }
 
     pub fn reasons(&self) -> String {
@@ -107,6 +116,13 @@ impl CutReport {
         }
         if v.size_errors > 0 {
             r.push(format!("{} size error(s)", v.size_errors));
+        }
+        if let Some(l) = self.second_life.as_ref().filter(|l| !l.problems.is_empty()) {
+            r.push(format!(
+                "second life: {} ({} problem(s))",
+                l.problems[0],
+                l.problems.len()
+            ));
         }
         r.join("; ")
     }
@@ -378,7 +394,10 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
     probe.sim().reboot();
     let image = probe.sim().image();
     let write_log = logw.take_log();
-    check_recovery(&q, mopts, &log, o.rule, rep);
+    let first = check_recovery(&q, mopts.clone(), &log, o.rule, rep);
+    if let (false, Some(first)) = (rep.failed(), first) {
+        rep.second_life = Some(second_life(&q, &probe, mopts, seed, &first));
+    }
     if rep.failed() {
         if let Some(dir) = &o.save_dir {
             let file = ReplayFile::new(o, seed, rep, &spec, &log, &write_log, image);
@@ -395,14 +414,14 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
 
 /// Recovery and its checks on the device behind `q` after a cut: fsck, mount, fsck
 /// of the mounted volume, reading every file back against `log`, unmount, fsck again.
-/// The same for a cut and for its replay.
+/// The same for a cut and for its replay. The tree read back, when there was one.
 pub fn check_recovery(
     q: &Arc<RequestQueue>,
     mopts: MountOptions,
     log: &Log,
     rule: FsyncRule,
     rep: &mut CutReport,
-) {
+) -> Option<Recovered> {
     let before = fsck(q);
     rep.fsck_notes = before.notes.clone();
     rep.fsck_problems.extend(
@@ -416,12 +435,12 @@ pub fn check_recovery(
         Err(e) => {
             rep.mount_error = Some(e.to_string());
             rep.fsck_errors = rep.fsck_problems.len() as u64;
-            return;
+            return None;
         }
     };
     rep.fsck_problems
         .extend(v.check().into_iter().map(|p| format!("mounted: {p}")));
-    match recover(&v) {
+    let recovered = match recover(&v) {
         Ok(r) => {
             rep.verdict = check(log, &r, rule);
             if std::env::var_os("CRASHTEST_DEBUG").is_some() && !rep.verdict.clean() {
@@ -438,9 +457,13 @@ pub fn check_recovery(
                     eprintln!("fsck: {n}");
                 }
             }
+            Some(r)
         }
-        Err(e) => rep.recovery_error = Some(e.to_string()),
-    }
+        Err(e) => {
+            rep.recovery_error = Some(e.to_string());
+            None
+        }
+    };
     if let Err(e) = v.unmount() {
         rep.fsck_problems
             .push(format!("unmount after recovery: {e}"));
@@ -453,4 +476,5 @@ pub fn check_recovery(
             .map(|p| format!("fsck after unmount: {p}")),
     );
     rep.fsck_errors = rep.fsck_problems.len() as u64;
+    recovered
 }

@@ -54,6 +54,7 @@ mod check;
 mod cut;
 mod probe;
 mod replay;
+mod second_life;
 mod states;
 mod workload;
 
@@ -61,6 +62,7 @@ pub use check::*;
 pub use cut::*;
 pub use probe::*;
 pub use replay::*;
+pub use second_life::*;
 pub use states::*;
 pub use workload::*;
 
@@ -159,6 +161,11 @@ pub struct Summary {
     pub journal_data_fsyncs: u64,
     pub journal_data_blocks: u64,
     pub journal_commits_overlapped: u64,
+    /// Second lives run (`second_life`), the fsyncs they acknowledged, and those that
+    /// failed.
+    pub second_lives: u64,
+    pub second_life_fsyncs_acked: u64,
+    pub second_life_failures: u64,
     pub landed: Landed,
     pub seconds: f64,
     /// Every cut, in one line.
@@ -192,6 +199,11 @@ impl Summary {
         self.journal_data_fsyncs += r.journal_data_fsyncs;
         self.journal_data_blocks += r.journal_data_blocks;
         self.journal_commits_overlapped += r.journal_commits_overlapped;
+        if let Some(l) = &r.second_life {
+            self.second_lives += 1;
+            self.second_life_fsyncs_acked += l.fsyncs_acked;
+            self.second_life_failures += r.second_life_failed() as u64;
+        }
         let l = &r.landing;
         let has = |a: &str| l.in_flight.contains_key(a) as u64;
         let d = &mut self.landed;
@@ -378,6 +390,10 @@ pub fn print_human(s: &Summary) {
         s.journal_data_fsyncs,
         s.journal_data_blocks
     );
+    println!(
+        "  second lives (the recovered volume mounted again, files fsynced, cut again, recovered again): {}, {} fsyncs acknowledged",
+        s.second_lives, s.second_life_fsyncs_acked
+    );
     let l = &s.landed;
     println!(
         "  placed: after n requests {} / now {} / in an fsync {} / on a commit {} / on a checkpoint {} / at the end {}",
@@ -387,7 +403,7 @@ pub fn print_human(s: &Summary) {
         "  landed with in flight: journal {}, checkpoint {}, data {}, flush {}, superblock {}; a commit/flush (PREFLUSH|FUA) {}; nothing {}; unflushed writes in the cache {}",
         l.journal, l.checkpoint, l.data, l.flush, l.superblock, l.preflush_fua, l.idle, l.unflushed
     );
-    let rows: [(&str, u64); 12] = [
+    let rows: [(&str, u64); 13] = [
         ("fsynced_bytes_lost", s.fsynced_bytes_lost),
         ("garbage_blocks_exposed", s.garbage_blocks_exposed),
         ("stale_sectors_exposed", s.stale_sectors_exposed),
@@ -400,6 +416,7 @@ pub fn print_human(s: &Summary) {
         ("fsynced_ops_lost_inode_rule", s.fsynced_ops_lost_inode_rule),
         ("unexpected_errors", s.unexpected_errors),
         ("hangs", s.hangs),
+        ("second_life_failures", s.second_life_failures),
     ];
     for (k, v) in rows {
         println!("  {k:<28} {v}");
