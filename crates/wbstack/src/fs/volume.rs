@@ -1146,72 +1146,13 @@ impl AddressSpaceOps for Aops {
 
     fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError> {
         let vol = self.vol()?;
-        let mut st = vol.st.lock();
-        let st = &mut *st;
-        // An inode with pages is in memory: not there, it is deleted.
-        let (i, alloc) = st.meta.resident_with_alloc(ino);
-        let Some(i) = i else {
-            // Deleted while its pages were claimed for writeback: nothing to write.
-            return Ok(Vec::new());
-        };
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        let live = st.live.entry(ino).or_default();
-        let old_valid = !live.trunc_pending;
-        let mapped = |p: u64, live: &Live| {
-            old_valid
-                .then(|| i.mapped_run(p))
-                .flatten()
-                .or_else(|| live.unjournaled_block(p))
-        };
-        let mut p = index;
-        let end = index + n;
-        while p < end {
-            if let Some((blk, left)) = mapped(p, live) {
-                // Overwrite in place (a page rewritten after its write completed).
-                let k = left.min(end - p);
-                runs.push((blk * SECTORS_PER_BLOCK, k));
-                p += k;
-                continue;
-            }
-            // A stretch of pages without blocks: allocate them together.
-            let mut k = 1;
-            while p + k < end && mapped(p + k, live).is_none() {
-                k += 1;
-            }
-            let reserved = live.delalloc.range(p..p + k).count() as u64;
-            if reserved < k {
-                alloc.reserve(k - reserved).map_err(|_| BlkError::NoSpace)?;
-            }
-            for q in p..p + k {
-                live.delalloc.remove(&q);
-            }
-            // Continue the file where its previous block is, else where the last
-            // allocation ended (consecutive inodes of a pass end up adjacent).
-            let goal = p
-                .checked_sub(1)
-                .and_then(|prev| mapped(prev, live))
-                .map(|(b, _)| b);
-            let pieces = alloc
-                .alloc_reserved(k, goal.map(|b| b + 1))
-                .map_err(|e| BlkError::Invalid(e.to_string()))?;
-            let mut fb = p;
-            for (s, len) in pieces {
-                live.pending.insert(fb, (s, len));
-                st.inflight.insert(
-                    s,
-                    Inflight {
-                        ino,
-                        fblock: fb,
-                        len,
-                        dead_from: None,
-                    },
-                );
-                runs.push((s * SECTORS_PER_BLOCK, len));
-                fb += len;
-            }
-            p += k;
+        let r = self.try_map_write(&vol, ino, index, n);
+        if let Err(e) = &r {
+            // The pages' writeback fails with it (their file's errseq); syncfs hears
+            // of it too, as the kernel's mapping_set_error tells the superblock.
+            vol.sb_err.set(e.errno());
         }
-        Ok(runs)
+        r
     }
 
     fn writeback_wait(&self, _ino: u64) {
@@ -1362,6 +1303,86 @@ impl AddressSpaceOps for Aops {
 }
 
 impl Aops {
+    fn try_map_write(
+        &self,
+        vol: &Vol,
+        ino: u64,
+        index: u64,
+        n: u64,
+    ) -> Result<Vec<(u64, u64)>, BlkError> {
+        let mut st = vol.st.lock();
+        let st = &mut *st;
+        // An inode with pages is in memory: not there, it is deleted.
+        let (i, alloc) = st.meta.resident_with_alloc(ino);
+        let Some(i) = i else {
+            // Deleted while its pages were claimed for writeback: nothing to write.
+            return Ok(Vec::new());
+        };
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let live = st.live.entry(ino).or_default();
+        let old_valid = !live.trunc_pending;
+        let mapped = |p: u64, live: &Live| {
+            old_valid
+                .then(|| i.mapped_run(p))
+                .flatten()
+                .or_else(|| live.unjournaled_block(p))
+        };
+        let end = index + n;
+        // Every block this call allocates is reserved first, in one go: a stretch
+        // refused for space after earlier ones were allocated left those allocated,
+        // mapped and never written.
+        let unreserved = (index..end)
+            .filter(|&p| mapped(p, live).is_none() && !live.delalloc.contains(&p))
+            .count() as u64;
+        if unreserved > 0 {
+            alloc.reserve(unreserved).map_err(|_| BlkError::NoSpace)?;
+        }
+        let mut p = index;
+        while p < end {
+            if let Some((blk, left)) = mapped(p, live) {
+                // Overwrite in place (a page rewritten after its write completed).
+                let k = left.min(end - p);
+                runs.push((blk * SECTORS_PER_BLOCK, k));
+                p += k;
+                continue;
+            }
+            // A stretch of pages without blocks: allocate them together.
+            let mut k = 1;
+            while p + k < end && mapped(p + k, live).is_none() {
+                k += 1;
+            }
+            for q in p..p + k {
+                live.delalloc.remove(&q);
+            }
+            // Continue the file where its previous block is, else where the last
+            // allocation ended (consecutive inodes of a pass end up adjacent).
+            let goal = p
+                .checked_sub(1)
+                .and_then(|prev| mapped(prev, live))
+                .map(|(b, _)| b);
+            let pieces = alloc
+                .alloc_reserved(k, goal.map(|b| b + 1))
+                .map_err(|e| BlkError::Invalid(e.to_string()))?;
+            let mut fb = p;
+            for (s, len) in pieces {
+                live.pending.insert(fb, (s, len));
+                st.inflight.insert(
+                    s,
+                    Inflight {
+                        ino,
+                        fblock: fb,
+                        len,
+                        dead_from: None,
+                    },
+                );
+                runs.push((s * SECTORS_PER_BLOCK, len));
+                fb += len;
+            }
+            p += k;
+        }
+        Ok(runs)
+    }
+
     fn try_prepare_write(&self, ino: u64, index: u64, n: u64) -> BlkResult {
         let vol = self.vol()?;
         let now = vol.clock.now_ns();

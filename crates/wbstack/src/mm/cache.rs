@@ -988,7 +988,6 @@ impl Mapping {
         let q = self.bdi.queue().clone();
         let _plug = Plug::start();
         let mut first_err = Ok(());
-        let mut registered = false;
         let mut i = 0;
         while i < keys.len() {
             // Runs of (first index, page copies).
@@ -1054,12 +1053,12 @@ impl Mapping {
                 .nr_writeback
                 .fetch_add(claimed, Ordering::Relaxed);
             self.bdi.account_writeback_start(claimed);
-            if !registered {
-                // Before any bio can complete (and unregister it), so sync sees it.
-                self.bdi
-                    .inode_writeback_start(&(self.arc() as Arc<dyn WbInode>));
-                registered = true;
-            }
+            // Before any bio of this batch can complete, so sync sees it; every batch:
+            // the last completion of an earlier one may have unregistered the inode
+            // (registered once per call, a later batch's writes were invisible to
+            // sync's wait).
+            self.bdi
+                .inode_writeback_start(&(self.arc() as Arc<dyn WbInode>));
             if let Err(e) = self.submit_runs(&q, runs, gen, wbc.bio_flags()) {
                 first_err = first_err.and(Err(e));
             }
