@@ -1016,3 +1016,56 @@ fn a_library_soak_is_clean() {
         "{v}"
     );
 }
+
+/// O_APPEND writes land at the end, but a shared mmap's pages written back through an
+/// append-mode descriptor land at their own offsets; O_RDONLY|O_TRUNC truncates, as on
+/// Linux's own filesystems. Both survive a remount.
+#[test]
+fn append_mode_mmap_and_read_only_truncating_opens_behave_as_on_ext4() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let (_d, img) = image("64M");
+    let mut m = Mounted::new(img.to_str().unwrap(), &[]);
+    std::fs::write(m.p("a"), b"hello world").unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(m.p("a"))
+        .unwrap();
+    f.write_all(b"!!").unwrap();
+    let len = 13;
+    // SAFETY: a shared mapping of `len` bytes of a file that long, written through the
+    // pointer only within them, unmapped before the descriptor closes.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        *(p as *mut u8) = b'J';
+        assert_eq!(libc::msync(p, len, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(p, len), 0);
+    }
+    drop(f);
+    assert_eq!(std::fs::read(m.p("a")).unwrap(), b"Jello world!!");
+    std::fs::write(m.p("t"), b"to be cut").unwrap();
+    drop(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_TRUNC)
+            .open(m.p("t"))
+            .unwrap(),
+    );
+    assert_eq!(std::fs::metadata(m.p("t")).unwrap().len(), 0);
+    m.umount();
+    fsck_clean(&img);
+    m = Mounted::new(img.to_str().unwrap(), &[]);
+    assert_eq!(std::fs::read(m.p("a")).unwrap(), b"Jello world!!");
+    assert_eq!(std::fs::metadata(m.p("t")).unwrap().len(), 0);
+    m.umount();
+}

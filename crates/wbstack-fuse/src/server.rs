@@ -143,7 +143,12 @@ fn open_options(flags: i32) -> OpenOptions {
         create: false,
         truncate: flags & libc::O_TRUNC != 0,
         exclusive: flags & libc::O_EXCL != 0,
-        append: flags & libc::O_APPEND != 0,
+        // The kernel places each O_APPEND write itself (at its i_size, under the inode
+        // lock; every write goes through this mount, so that size is ours) and sends
+        // its offset; a shared mmap's pages are written back through a handle that may
+        // be append-mode, at their own offsets, which an append here would move to
+        // the end of the file.
+        append: false,
         mode: 0o644,
     }
 }

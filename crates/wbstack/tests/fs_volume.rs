@@ -847,3 +847,78 @@ fn a_transaction_left_beyond_a_lost_one_is_never_replayed_after_a_later_crash() 
     v.unmount().unwrap();
     assert_clean(&q);
 }
+
+/// O_TRUNC truncates whatever the access mode (Linux's O_RDONLY|O_TRUNC), and a file an
+/// open just created is not truncated again.
+#[test]
+fn a_read_only_truncating_open_truncates() {
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/t", b"to be cut");
+    let o = OpenOptions {
+        truncate: true,
+        ..OpenOptions::read()
+    };
+    let f = v.open("/t", &o).unwrap();
+    assert_eq!(f.size(), 0);
+    f.close().unwrap();
+    assert_eq!(v.stat("/t").unwrap().size, 0);
+    v.unmount().unwrap();
+    assert_clean(&q);
+}
+
+/// An encoded POSIX ACL (version 2): (tag, perm, id) entries.
+fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+/// Permissions are the mode's alone: an ACL that is exactly a mode sets it, one with
+/// named users or groups and a default ACL are refused (EOPNOTSUPP, as on a filesystem
+/// mounted noacl) instead of being stored and shown but never enforced.
+#[test]
+fn acls_beyond_the_mode_are_refused_not_stored_unenforced() {
+    use wbstack::fs::{Cred, XattrMode};
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/f", b"x");
+    v.mkdir("/d", 0o755).unwrap();
+    let (f, d) = (v.stat("/f").unwrap().ino, v.stat("/d").unwrap().ino);
+    let root = Cred::root();
+    let set =
+        |ino, name: &[u8], value: &[u8]| v.setxattr_as(&root, ino, name, value, XattrMode::Any);
+    // user::rw- group::r-- other::---: mode 0640.
+    set(
+        f,
+        b"system.posix_acl_access",
+        &acl(&[(1, 6, 0), (4, 4, 0), (0x20, 0, 0)]),
+    )
+    .unwrap();
+    assert_eq!(v.stat("/f").unwrap().mode & 0o777, 0o640);
+    // user:1000:--- with a mask: refused, the mode unchanged, nothing stored.
+    let named = acl(&[
+        (1, 6, 0),
+        (2, 0, 1000),
+        (4, 4, 0),
+        (0x10, 6, 0),
+        (0x20, 0, 0),
+    ]);
+    let e = set(f, b"system.posix_acl_access", &named).unwrap_err();
+    assert_eq!(e.errno(), libc::EOPNOTSUPP, "{e}");
+    assert_eq!(v.stat("/f").unwrap().mode & 0o777, 0o640);
+    let e = set(
+        d,
+        b"system.posix_acl_default",
+        &acl(&[(1, 7, 0), (4, 5, 0), (0x20, 5, 0)]),
+    )
+    .unwrap_err();
+    assert_eq!(e.errno(), libc::EOPNOTSUPP, "{e}");
+    for ino in [f, d] {
+        assert!(v.listxattr_as(&root, ino).unwrap().is_empty());
+    }
+    v.unmount().unwrap();
+    assert_clean(&q);
+}

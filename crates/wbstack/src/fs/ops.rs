@@ -556,6 +556,13 @@ impl Volume {
             if name == b"system.posix_acl_access" {
                 return self.set_access_acl(&mut st, c, ino, value);
             }
+            if name == b"system.posix_acl_default" {
+                // Never inherited by what is created in the directory: stored, it
+                // would show a policy nothing applies (a filesystem mounted noacl).
+                return Err(FsError::NotSupported(
+                    "default POSIX ACLs (permissions here are the mode's alone)".into(),
+                ));
+            }
             let old = i.xattrs.get(name);
             match (how, old) {
                 (XattrMode::Create, Some(_)) => return Err(FsError::Exists(name_str(name))),
@@ -588,11 +595,12 @@ impl Volume {
         })
     }
 
-    /// An access ACL sets the mode's permission bits (posix_acl_equiv_mode,
-    /// posix_acl_update_mode): one with only the owner, group and other entries is
-    /// exactly a mode and is not kept; a richer one is kept, its mask (or group
-    /// entry) giving the group bits. Enforcing named entries is left to the kernel
-    /// (default_permissions); inheriting a default ACL is not done.
+    /// An access ACL with only the owner, group and other entries is exactly a mode
+    /// (posix_acl_equiv_mode) and sets it. One with named users or groups is refused
+    /// (EOPNOTSUPP, as on a filesystem mounted noacl): permissions here, the kernel's
+    /// (no FUSE_POSIX_ACL) and this volume's own, are the mode's alone, so a stored
+    /// one would show entries nothing enforces (`setfacl -m u:bob:--- f` leaving bob
+    /// his read, a mask widening the group's bits).
     fn set_access_acl(
         &self,
         st: &mut super::volume::State,
@@ -627,22 +635,19 @@ impl Volume {
         if named && mask.is_none() {
             return Err(bad());
         }
+        if named {
+            return Err(FsError::NotSupported(
+                "POSIX ACLs with named users or groups (permissions here are the mode's alone)"
+                    .into(),
+            ));
+        }
         let i = st.inode(ino)?;
         let bits = (u << 6) | (mask.unwrap_or(g) << 3) | o;
         let mode = perm::chmod(c, i, (i.mode & !0o777) | bits)?;
         let now = self.vol.now();
         let key = b"system.posix_acl_access".to_vec();
-        if named {
-            st.log(
-                Record::SetXattr {
-                    ino,
-                    name: key,
-                    value: value.to_vec(),
-                },
-                &[ino],
-                now,
-            )?;
-        } else if i.xattrs.contains_key(&key) {
+        // One stored by an older version, now replaced by a mode.
+        if i.xattrs.contains_key(&key) {
             st.log(Record::RemoveXattr { ino, name: key }, &[ino], now)?;
         }
         self.set_mode_locked(st, ino, mode, now)

@@ -2012,7 +2012,7 @@ impl Vol {
                 )))
             }
         }
-        if o.write {
+        if o.write || o.truncate {
             st.check_writable()?;
         }
         Ok(())
@@ -2039,9 +2039,11 @@ impl Vol {
             closed: AtomicBool::new(false),
         };
         // A file this open just created is empty: no truncation (and so no
-        // flush-on-close), as the VFS skips it for FMODE_CREATED.
-        if o.truncate && o.write && !created {
-            f.set_len(0)?;
+        // flush-on-close), as the VFS skips it for FMODE_CREATED. O_TRUNC truncates
+        // whatever the access mode, as Linux does (the caller checked write permission;
+        // the kernel's FUSE client sets its size to 0 for O_RDONLY|O_TRUNC too).
+        if o.truncate && !created {
+            self.truncate(ino, &f.mapping, 0)?;
         }
         Ok(f)
     }
