@@ -416,6 +416,13 @@ pub struct Allocator {
     /// Blocks kept from writes for the metadata tree's copy-on-write nodes, so a
     /// checkpoint (and a mount's) finds room on a filesystem writes have filled.
     meta_reserve: u64,
+    /// Blocks an overwrite in place is in flight to, with how many: one freed
+    /// meanwhile (its file deleted or truncated, the freeing committed) is `held`, not
+    /// free, until they end, or a late write would land in a block another file got.
+    busy: BTreeMap<u64, u32>,
+    /// Blocks free but for writes in flight to them (`busy`): deferred blocks (counted
+    /// in `deferred_blocks`, one-block entries of `deferred_ranges`) until then.
+    held: BTreeSet<u64>,
 }
 
 impl Allocator {
@@ -432,7 +439,70 @@ impl Allocator {
             deferred_blocks: 0,
             committed: None,
             meta_reserve: 0,
+            busy: BTreeMap::new(),
+            held: BTreeSet::new(),
         }
+    }
+
+    /// An overwrite in place of `[start, start + n)` is in flight (its blocks stay
+    /// unusable, if freed meanwhile, until `end_io`).
+    pub fn begin_io(&mut self, start: u64, n: u64) {
+        for b in start..start + n {
+            *self.busy.entry(b).or_default() += 1;
+        }
+    }
+
+    /// An overwrite in place of `[start, start + n)` ended: blocks freed while it was
+    /// in flight, and written by nothing else now, become free.
+    pub fn end_io(&mut self, start: u64, n: u64) -> Result<(), AllocError> {
+        for b in start..start + n {
+            match self.busy.get_mut(&b) {
+                Some(c) if *c > 1 => *c -= 1,
+                Some(_) => {
+                    self.busy.remove(&b);
+                    if self.held.remove(&b) {
+                        self.deferred_ranges.remove(&b);
+                        self.deferred_blocks -= 1;
+                        self.space.free(b, 1)?;
+                    }
+                }
+                None => {
+                    return Err(AllocError::Corrupt(format!(
+                        "block {b}: the end of an overwrite that was not in flight"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks freed but held for writes in flight to them.
+    pub fn held_blocks(&self) -> u64 {
+        self.held.len() as u64
+    }
+
+    /// `[start, start + n)` is free now, but for blocks an overwrite is in flight to,
+    /// which are held until it ends. Returns the blocks freed now.
+    fn release(&mut self, start: u64, n: u64) -> Result<u64, AllocError> {
+        let end = start + n;
+        let busy: Vec<u64> = self.busy.range(start..end).map(|(b, _)| *b).collect();
+        let mut from = start;
+        let mut freed = 0;
+        for b in busy {
+            if b > from {
+                self.space.free(from, b - from)?;
+                freed += b - from;
+            }
+            self.held.insert(b);
+            self.deferred_ranges.insert(b, 1);
+            self.deferred_blocks += 1;
+            from = b + 1;
+        }
+        if end > from {
+            self.space.free(from, end - from)?;
+            freed += end - from;
+        }
+        Ok(freed)
     }
 
     /// Keep `blocks` free blocks from writes, for metadata (`alloc_meta`).
@@ -579,7 +649,7 @@ impl Allocator {
                 start.saturating_add(n)
             )));
         }
-        self.space.free(start, n)
+        self.release(start, n).map(|_| ())
     }
 
     /// Records that transaction `tid` frees `[start, start + n)`. The blocks stay unusable
@@ -620,8 +690,8 @@ impl Allocator {
         for (s, l) in done.into_values().flatten() {
             self.deferred_ranges.remove(&s);
             self.deferred_blocks -= l;
-            match self.space.free(s, l) {
-                Ok(()) => released += l,
+            match self.release(s, l) {
+                Ok(n) => released += n,
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }

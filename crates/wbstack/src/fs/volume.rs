@@ -1279,6 +1279,11 @@ impl AddressSpaceOps for Aops {
             if !st.ordered.is_empty() {
                 vol.ordered_cv.notify_all();
             }
+        } else {
+            // An overwrite in place (`try_map_write`): its blocks, if freed meanwhile,
+            // are free now.
+            let r = st.meta.alloc.end_io(blk, n);
+            st.allocator_broken("ending an overwrite in place", r);
         }
         if let Err(e) = status {
             vol.sb_err.set(e.errno());
@@ -1337,12 +1342,14 @@ impl Aops {
         if unreserved > 0 {
             alloc.reserve(unreserved).map_err(|_| BlkError::NoSpace)?;
         }
+        let mut in_place: Vec<(u64, u64)> = Vec::new();
         let mut p = index;
         while p < end {
             if let Some((blk, left)) = mapped(p, live) {
                 // Overwrite in place (a page rewritten after its write completed).
                 let k = left.min(end - p);
                 runs.push((blk * SECTORS_PER_BLOCK, k));
+                in_place.push((blk, k));
                 p += k;
                 continue;
             }
@@ -1379,6 +1386,11 @@ impl Aops {
                 fb += len;
             }
             p += k;
+        }
+        // Counted once nothing can fail: `end_write` of each ends them. A deletion or
+        // truncation freeing these blocks meanwhile leaves them unusable until then.
+        for (blk, k) in in_place {
+            alloc.begin_io(blk, k);
         }
         Ok(runs)
     }
@@ -2803,5 +2815,58 @@ impl File {
 impl Drop for File {
     fn drop(&mut self) {
         let _ = self.do_close();
+    }
+}
+
+#[cfg(test)]
+mod in_place_tests {
+    use super::*;
+    use crate::block::QueueConfig;
+    use crate::fs::journal::MkfsOptions;
+
+    /// A block an overwrite in place is in flight to (mapped by writeback, not yet
+    /// ended) is not reused when its file is deleted and the deletion commits: it
+    /// becomes free only when that write ends, so a late write never lands in a block
+    /// another file got.
+    #[test]
+    fn a_block_freed_while_an_overwrite_is_in_flight_is_free_only_when_it_ends() {
+        let q = RequestQueue::open("sim:ssd,size=64M", QueueConfig::default()).unwrap();
+        Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
+        let mut o = MountOptions::default();
+        o.wb.dirty_writeback_centisecs = 0;
+        o.commit_interval_ms = 3_600_000;
+        o.journal_data_kb = 0;
+        let v = Volume::mount(q, o).unwrap();
+        let f = v.create("/f").unwrap();
+        f.write_at(0, &[1u8; 4096]).unwrap();
+        f.fsync().unwrap();
+        f.close().unwrap();
+        let ino = v.stat("/f").unwrap().ino;
+        let b = v.fiemap("/f").unwrap()[0].1;
+        let aops = v.vol.aops.clone();
+        // Writeback maps a rewrite of the page in place, and is slow to send it.
+        assert_eq!(
+            aops.map_write(ino, 0, 1).unwrap(),
+            vec![(b * SECTORS_PER_BLOCK, 1)]
+        );
+        v.unlink("/f").unwrap();
+        v.sync().unwrap();
+        {
+            let st = v.vol.st.lock();
+            assert_eq!(st.meta.alloc.held_blocks(), 1);
+            assert!(
+                !st.meta.alloc.space().is_free(b, 1),
+                "block {b} free mid-write"
+            );
+        }
+        aops.end_write(ino, 0, 1, b * SECTORS_PER_BLOCK, 4096, &Ok(()));
+        {
+            let st = v.vol.st.lock();
+            assert_eq!(st.meta.alloc.held_blocks(), 0);
+            assert!(st.meta.alloc.space().is_free(b, 1), "block {b} still held");
+            assert!(st.aborted.is_none(), "{:?}", st.aborted);
+        }
+        assert!(v.check().is_empty(), "{:?}", v.check());
+        v.unmount().unwrap();
     }
 }
