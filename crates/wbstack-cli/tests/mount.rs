@@ -474,8 +474,8 @@ fn sigkill_of_the_daemon_loses_nothing_fsynced() {
     // 4 writers: each file is written, fsynced, then named in its writer's log
     // (also fsynced), so every name in a log is a promise.
     let script = format!(
-        r#"cd {dir}; for t in 1 2 3 4; do (
-            i=0; while [ $i -lt 400 ]; do
+        r#"cd {dir} || exit 1; for t in 1 2 3 4; do (
+            i=0; while [ $i -lt 400 ] && [ -e . ]; do
               f=t$t-$i; head -c $((4096 + i * 37)) /dev/urandom > $f.tmp
               python3 -c "import os,sys; fd=os.open('$f.tmp', os.O_RDWR); os.fsync(fd)"
               mv $f.tmp $f

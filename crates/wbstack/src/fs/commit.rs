@@ -1179,10 +1179,12 @@ mod abort_tests {
         v.vol.st.lock().aborted = Some("allocator: a test's broken free".into());
         let (tx, rx) = std::sync::mpsc::channel();
         let v2 = v.clone();
-        std::thread::spawn(move || tx.send(v2.sync()).unwrap());
+        let syncer = std::thread::spawn(move || tx.send(v2.sync()).unwrap());
         let r = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("syncfs still waiting a minute after the volume stopped");
+        // It has sent its result: all that is left is dropping its handle.
+        syncer.join().unwrap();
         assert!(r.is_err(), "{r:?}");
         assert!(f.fsync().is_err());
         drop(f);
