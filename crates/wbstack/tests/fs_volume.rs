@@ -922,3 +922,54 @@ fn acls_beyond_the_mode_are_refused_not_stored_unenforced() {
     v.unmount().unwrap();
     assert_clean(&q);
 }
+
+/// A setattr is checked whole before anything changes: a truncation with the kernel's
+/// own stripping of set-id bits passes on the truncation's permission (ATTR_FORCE), and
+/// one with a mode its caller may not set leaves the file as it was.
+#[test]
+fn a_refused_setattr_changes_nothing_and_a_truncation_may_strip_set_id_bits() {
+    use wbstack::fs::{Cred, SetAttrIno, TimeSet};
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/f", &[7u8; 10_000]);
+    let ino = v.stat("/f").unwrap().ino;
+    let root = Cred::root();
+    let owner = SetAttrIno {
+        uid: Some(1000),
+        gid: Some(100),
+        ..SetAttrIno::default()
+    };
+    v.setattr_as(&root, ino, &owner).unwrap();
+    // After the chown, which clears set-id bits.
+    let suid = SetAttrIno {
+        mode: Some(0o104775),
+        ..SetAttrIno::default()
+    };
+    v.setattr_as(&root, ino, &suid).unwrap();
+    // A member of the owning group: may write, may not chmod.
+    let member = Cred::new(2000, 100, vec![100]);
+    let refused = SetAttrIno {
+        size: Some(0),
+        mode: Some(0o100777),
+        ..SetAttrIno::default()
+    };
+    let e = v.setattr_as(&member, ino, &refused).unwrap_err();
+    assert_eq!(e.errno(), libc::EPERM, "{e}");
+    let s = v.stat("/f").unwrap();
+    assert_eq!(
+        (s.size, s.mode & 0o7777),
+        (10_000, 0o4775),
+        "changed by a refused setattr"
+    );
+    // What `truncate -s 0` sends for it: the size, the mode less S_ISUID, the times.
+    let truncate = SetAttrIno {
+        size: Some(0),
+        mode: Some(0o100775),
+        mtime: Some(TimeSet::Now),
+        ..SetAttrIno::default()
+    };
+    v.setattr_as(&member, ino, &truncate).unwrap();
+    let s = v.stat("/f").unwrap();
+    assert_eq!((s.size, s.mode & 0o7777), (0, 0o775));
+    v.unmount().unwrap();
+    assert_clean(&q);
+}

@@ -315,10 +315,16 @@ impl Volume {
         })
     }
 
-    /// setattr: chmod, chown, utimensat and truncate, each checked by `fs::perm`.
+    /// setattr: chmod, chown, utimensat and truncate, each checked by `fs::perm`, all
+    /// of them before anything changes: a refused setattr changes nothing (a truncation
+    /// came first, and a chmod refused after it left the file cut).
     pub fn setattr_as(&self, c: &Cred, ino: u64, a: &SetAttrIno) -> FsResult<Stat> {
         self.vol.faulting(|| {
             let now = self.vol.now();
+            // With a truncation, the kernel sends the set-id bits it strips as a mode of
+            // its own (ATTR_KILL_SUID, no handle_killpriv): the truncation's permission
+            // covers it, as ATTR_FORCE does for the VFS.
+            let mut forced_mode = false;
             if let Some(size) = a.size {
                 let m = {
                     let mut st = self.vol.st.lock();
@@ -332,6 +338,9 @@ impl Volume {
                     if !a.size_by_open_file {
                         perm::check(c, i, MAY_WRITE, "truncate")?;
                     }
+                    forced_mode =
+                        a.mode.is_some() && a.mode.map(|m| m & 0o7777) == perm::kill_suid(c, i);
+                    attr_checks(c, i, a, forced_mode)?;
                     if let Some(mode) = perm::kill_suid(c, i) {
                         self.set_mode_locked(&mut st, ino, mode, now)?;
                     }
@@ -344,25 +353,7 @@ impl Volume {
             }
             let mut st = self.vol.st.lock();
             st.check_writable()?;
-            let mut mode = None;
-            {
-                let i = st.inode(ino)?;
-                if let Some(m) = a.mode {
-                    mode = Some(perm::chmod(c, i, m)?);
-                }
-                if a.uid.is_some() || a.gid.is_some() {
-                    let mut after = i.clone();
-                    if let Some(m) = mode {
-                        after.mode = m;
-                    }
-                    mode = Some(perm::chown(c, &after, a.uid, a.gid)?);
-                }
-                let explicit = matches!(a.atime, Some(TimeSet::At(_)))
-                    || matches!(a.mtime, Some(TimeSet::At(_)));
-                if a.atime.is_some() || a.mtime.is_some() {
-                    perm::set_times(c, i, explicit)?;
-                }
-            }
+            let mode = attr_checks(c, st.inode(ino)?, a, forced_mode)?;
             let changed = mode.is_some() || a.uid.is_some() || a.gid.is_some();
             let times = a.atime.is_some() || a.mtime.is_some();
             if changed || times {
@@ -753,4 +744,39 @@ impl File {
         }
         Ok(if hole { size } else { off })
     }
+}
+
+/// The checks of a setattr's mode, owner and times against inode `i`, and the mode it
+/// sets. `forced_mode`: the mode is the kernel's own stripping of set-id bits with a
+/// truncation, checked by the truncation's permission. Times set to now with a
+/// truncation through a file open for writing need no more than that open did (the
+/// VFS's do_truncate).
+fn attr_checks(
+    c: &Cred,
+    i: &super::meta::Inode,
+    a: &SetAttrIno,
+    forced_mode: bool,
+) -> FsResult<Option<u32>> {
+    let mut mode = None;
+    if let Some(m) = a.mode {
+        mode = Some(if forced_mode {
+            m & 0o7777
+        } else {
+            perm::chmod(c, i, m)?
+        });
+    }
+    if a.uid.is_some() || a.gid.is_some() {
+        let mut after = i.clone();
+        if let Some(m) = mode {
+            after.mode = m;
+        }
+        mode = Some(perm::chown(c, &after, a.uid, a.gid)?);
+    }
+    let explicit =
+        matches!(a.atime, Some(TimeSet::At(_))) || matches!(a.mtime, Some(TimeSet::At(_)));
+    let by_truncation = a.size.is_some() && a.size_by_open_file && !explicit;
+    if (a.atime.is_some() || a.mtime.is_some()) && !by_truncation {
+        perm::set_times(c, i, explicit)?;
+    }
+    Ok(mode)
 }
