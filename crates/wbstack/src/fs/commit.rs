@@ -1158,9 +1158,7 @@ mod tests {
 
 #[cfg(test)]
 mod abort_tests {
-    use crate::block::{QueueConfig, RequestQueue};
-    use crate::fs::journal::MkfsOptions;
-    use crate::fs::volume::{MountOptions, Volume};
+    use crate::fs::volume::test_volume;
     use std::time::Duration;
 
     /// The volume stopped under `st` alone (what `State::allocator_broken` leaves: it
@@ -1168,12 +1166,7 @@ mod abort_tests {
     /// syncfs returns an error instead of waiting for a commit that never comes.
     #[test]
     fn a_volume_stopped_under_st_alone_fails_syncfs_instead_of_hanging_it() {
-        let q = RequestQueue::open("sim:ssd,size=64M", QueueConfig::default()).unwrap();
-        Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
-        let mut o = MountOptions::default();
-        o.wb.dirty_writeback_centisecs = 0;
-        o.commit_interval_ms = 3_600_000;
-        let v = std::sync::Arc::new(Volume::mount(q, o).unwrap());
+        let v = std::sync::Arc::new(test_volume(|_| {}));
         let f = v.create("/f").unwrap();
         f.write_at(0, b"data").unwrap();
         v.vol.st.lock().aborted = Some("allocator: a test's broken free".into());

@@ -459,21 +459,14 @@ fn eligible(st: &State, ino: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use crate::block::{QueueConfig, RequestQueue};
-    use crate::fs::journal::MkfsOptions;
-    use crate::fs::volume::{MountOptions, Volume};
+    use crate::fs::volume::test_volume;
 
     /// A block taken for its home write is pending before `st` is dropped: a
     /// checkpoint or a release of freed blocks waiting for home writes (`wait_home`)
     /// from another thread can never find it neither held back nor pending.
     #[test]
     fn blocks_taken_for_home_writes_are_pending_before_st_is_dropped() {
-        let q = RequestQueue::open("sim:ssd,size=64M", QueueConfig::default()).unwrap();
-        Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
-        let mut o = MountOptions::default();
-        o.wb.dirty_writeback_centisecs = 0;
-        o.commit_interval_ms = 3_600_000;
-        let v = Volume::mount(q, o).unwrap();
+        let v = test_volume(|_| {});
         let vol = &v.vol;
         // The committer sends held-back blocks home once idle for HOME_DELAY_NS: a
         // stalled test thread may find them gone, so it tries again, a bounded number

@@ -2818,11 +2818,23 @@ impl Drop for File {
     }
 }
 
+/// A fresh volume on a 64 MiB simulated SSD for the crate's own tests: no periodic
+/// writeback or commit (the test decides when things happen), `tune` for the rest.
+#[cfg(test)]
+pub(super) fn test_volume(tune: impl FnOnce(&mut MountOptions)) -> Volume {
+    let q = RequestQueue::open("sim:ssd,size=64M", crate::block::QueueConfig::default())
+        .expect("a simulated device");
+    Volume::mkfs(&q, &super::journal::MkfsOptions::default()).expect("mkfs");
+    let mut o = MountOptions::default();
+    o.wb.dirty_writeback_centisecs = 0;
+    o.commit_interval_ms = 3_600_000;
+    tune(&mut o);
+    Volume::mount(q, o).expect("mount")
+}
+
 #[cfg(test)]
 mod in_place_tests {
     use super::*;
-    use crate::block::QueueConfig;
-    use crate::fs::journal::MkfsOptions;
 
     /// A block an overwrite in place is in flight to (mapped by writeback, not yet
     /// ended) is not reused when its file is deleted and the deletion commits: it
@@ -2830,13 +2842,7 @@ mod in_place_tests {
     /// another file got.
     #[test]
     fn a_block_freed_while_an_overwrite_is_in_flight_is_free_only_when_it_ends() {
-        let q = RequestQueue::open("sim:ssd,size=64M", QueueConfig::default()).unwrap();
-        Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
-        let mut o = MountOptions::default();
-        o.wb.dirty_writeback_centisecs = 0;
-        o.commit_interval_ms = 3_600_000;
-        o.journal_data_kb = 0;
-        let v = Volume::mount(q, o).unwrap();
+        let v = test_volume(|o| o.journal_data_kb = 0);
         let f = v.create("/f").unwrap();
         f.write_at(0, &[1u8; 4096]).unwrap();
         f.fsync().unwrap();
