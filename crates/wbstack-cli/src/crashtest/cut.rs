@@ -395,10 +395,13 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
     let image = probe.sim().image();
     let write_log = logw.take_log();
     let first = check_recovery(&q, mopts.clone(), &log, o.rule, rep);
-    if let (false, Some(first)) = (rep.failed(), first) {
+    // A replay file rebuilds the first life's crash state: written for a failure
+    // there, not for one of the second life alone (its reasons say so).
+    let first_failed = rep.failed();
+    if let (false, Some(first)) = (first_failed, first) {
         rep.second_life = Some(second_life(&q, &probe, mopts, seed, &first));
     }
-    if rep.failed() {
+    if first_failed {
         if let Some(dir) = &o.save_dir {
             let file = ReplayFile::new(o, seed, rep, &spec, &log, &write_log, image);
             match file.save_in(dir) {

@@ -406,6 +406,13 @@ pub fn load_after_superblock(
 /// `TIDS_SKIPPED_AT_MOUNT`). fsck runs the same steps, so an image fsck finds clean
 /// mounts. Returns the orphans deleted and the checkpoint (seq and slot after `l`'s).
 pub(super) fn prepare_mount(l: &mut Loaded) -> FsResult<(Vec<u64>, MountCheckpoint)> {
+    if l.last_tid > COUNTER_MAX - TIDS_SKIPPED_AT_MOUNT {
+        // Its checkpoint would hold a tid no load accepts.
+        return Err(FsError::Corrupt(format!(
+            "transaction {} is too close to the end of any count of commits",
+            l.last_tid
+        )));
+    }
     let orphans: Vec<u64> = l.meta.orphans.iter().copied().collect();
     for ino in &orphans {
         apply_at_mount(
@@ -738,7 +745,7 @@ impl Volume {
         }
         trace::emit(
             "fs_mount",
-            || json!({"replayed": l.txns_replayed, "last_tid": l.last_tid, "orphans": orphans.len(), "journal_end": l.journal_end}),
+            || json!({"replayed": l.txns_replayed, "last_tid": l.last_tid, "mount_tid": tid, "orphans": orphans.len(), "journal_end": l.journal_end}),
         );
         if let Some(lat) = opts.wbt_lat_usec {
             q.set_wbt_lat_usec(lat);

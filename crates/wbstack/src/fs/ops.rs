@@ -325,6 +325,10 @@ impl Volume {
             // its own (ATTR_KILL_SUID, no handle_killpriv): the truncation's permission
             // covers it, as ATTR_FORCE does for the VFS.
             let mut forced_mode = false;
+            // What the checks before a truncation decided: applied after it as decided,
+            // not checked again (a change between must not fail the call with the file
+            // already cut).
+            let mut decided = None;
             if let Some(size) = a.size {
                 let m = {
                     let mut st = self.vol.st.lock();
@@ -340,7 +344,7 @@ impl Volume {
                     }
                     forced_mode =
                         a.mode.is_some() && a.mode.map(|m| m & 0o7777) == perm::kill_suid(c, i);
-                    attr_checks(c, i, a, forced_mode)?;
+                    decided = Some(attr_checks(c, i, a, forced_mode)?);
                     if let Some(mode) = perm::kill_suid(c, i) {
                         self.set_mode_locked(&mut st, ino, mode, now)?;
                     }
@@ -353,7 +357,10 @@ impl Volume {
             }
             let mut st = self.vol.st.lock();
             st.check_writable()?;
-            let mode = attr_checks(c, st.inode(ino)?, a, forced_mode)?;
+            let mode = match decided {
+                Some(mode) => mode,
+                None => attr_checks(c, st.inode(ino)?, a, forced_mode)?,
+            };
             let changed = mode.is_some() || a.uid.is_some() || a.gid.is_some();
             let times = a.atime.is_some() || a.mtime.is_some();
             if changed || times {

@@ -1216,6 +1216,13 @@ impl AddressSpaceOps for Aops {
         let gen = vol.barrier_started.load(Ordering::Acquire);
         let mut st = vol.st.lock();
         let blk = sector / SECTORS_PER_BLOCK;
+        if !st.inflight.contains_key(&blk) {
+            // An overwrite in place (`try_map_write`): ended first, whatever follows
+            // (exactly one `end_io` per `begin_io`); its blocks, if freed meanwhile, are
+            // free now.
+            let r = st.meta.alloc.end_io(blk, n);
+            st.allocator_broken("ending an overwrite in place", r);
+        }
         if status.is_ok() && !st.jblocks.is_empty() {
             // Written in place over a block the journal holds an older copy of (this
             // file's, or another's it was freed from): replay must not write that copy
@@ -1279,11 +1286,6 @@ impl AddressSpaceOps for Aops {
             if !st.ordered.is_empty() {
                 vol.ordered_cv.notify_all();
             }
-        } else {
-            // An overwrite in place (`try_map_write`): its blocks, if freed meanwhile,
-            // are free now.
-            let r = st.meta.alloc.end_io(blk, n);
-            st.allocator_broken("ending an overwrite in place", r);
         }
         if let Err(e) = status {
             vol.sb_err.set(e.errno());
