@@ -175,8 +175,6 @@ pub struct Loaded {
     pub ckpt_slot: usize,
     pub ckpt_seq: u64,
     pub ckpt_tid: u64,
-    /// Where the checkpoint says the journal resumes.
-    pub ckpt_journal_pos: u64,
     /// Every transaction up to this one was replayed.
     pub last_tid: u64,
     pub txns_replayed: u64,
@@ -386,7 +384,6 @@ pub fn load_after_superblock(
         ckpt_slot: slot,
         ckpt_seq: ckpt.seq,
         ckpt_tid: ckpt.tid,
-        ckpt_journal_pos: ckpt.journal_pos,
         last_tid: r.last_tid,
         txns_replayed: r.txns,
         journal_end: r.end,

@@ -321,10 +321,6 @@ impl Volume {
     pub fn setattr_as(&self, c: &Cred, ino: u64, a: &SetAttrIno) -> FsResult<Stat> {
         self.vol.faulting(|| {
             let now = self.vol.now();
-            // With a truncation, the kernel sends the set-id bits it strips as a mode of
-            // its own (ATTR_KILL_SUID, no handle_killpriv): the truncation's permission
-            // covers it, as ATTR_FORCE does for the VFS.
-            let mut forced_mode = false;
             // What the checks before a truncation decided: applied after it as decided,
             // not checked again (a change between must not fail the call with the file
             // already cut).
@@ -342,8 +338,12 @@ impl Volume {
                     if !a.size_by_open_file {
                         perm::check(c, i, MAY_WRITE, "truncate")?;
                     }
-                    forced_mode =
-                        a.mode.is_some() && a.mode.map(|m| m & 0o7777) == perm::kill_suid(c, i);
+                    // The kernel sends the set-id bits it strips with a truncation as
+                    // a mode of its own (ATTR_KILL_SUID, no handle_killpriv): the
+                    // truncation's permission covers it, as ATTR_FORCE does for the VFS.
+                    let forced_mode = a
+                        .mode
+                        .is_some_and(|m| Some(m & 0o7777) == perm::kill_suid(c, i));
                     decided = Some(attr_checks(c, i, a, forced_mode)?);
                     if let Some(mode) = perm::kill_suid(c, i) {
                         self.set_mode_locked(&mut st, ino, mode, now)?;
@@ -359,7 +359,7 @@ impl Volume {
             st.check_writable()?;
             let mode = match decided {
                 Some(mode) => mode,
-                None => attr_checks(c, st.inode(ino)?, a, forced_mode)?,
+                None => attr_checks(c, st.inode(ino)?, a, false)?,
             };
             let changed = mode.is_some() || a.uid.is_some() || a.gid.is_some();
             let times = a.atime.is_some() || a.mtime.is_some();
