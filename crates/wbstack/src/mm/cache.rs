@@ -200,6 +200,11 @@ struct Page {
     uptodate: bool,
     /// A read is filling it; wait on the mapping's condvar.
     reading: bool,
+    /// The read filling it (meaningful while `reading`): a read's completion fills
+    /// only the pages still bearing its generation. A page dropped mid-read (a
+    /// truncation) may be back at the same index with a read of its own in flight,
+    /// of another block, by the time the old read completes.
+    read_gen: u64,
     referenced: bool,
 }
 
@@ -213,6 +218,7 @@ impl Page {
             towrite: false,
             uptodate,
             reading: false,
+            read_gen: 0,
             referenced: true,
         }
     }
@@ -265,6 +271,8 @@ struct Inner {
     nr_wb: u64,
     /// The last writeback generation handed out (`WbGen`); never reused.
     wb_gen: u64,
+    /// The last read generation handed out (`Page::read_gen`); never reused.
+    read_gen: u64,
     /// Cyclic writeback cursor (mapping->writeback_index).
     writeback_index: u64,
     ra: Readahead,
@@ -326,6 +334,7 @@ impl Mapping {
                 nr_dirty: 0,
                 nr_wb: 0,
                 wb_gen: 0,
+                read_gen: 0,
                 writeback_index: 0,
                 ra: Readahead::default(),
                 error: None,
@@ -753,23 +762,29 @@ impl Mapping {
     /// plug); holes become zero pages at once.
     fn read_pages(&self, index: u64, n: u64) -> BlkResult {
         let mut todo = Vec::new();
-        {
+        let gen = {
             let mut inner = self.inner.lock();
+            inner.read_gen += 1;
+            let gen = inner.read_gen;
             for i in index..index + n {
                 match inner.pages.get_mut(&i) {
                     Some(p) if p.uptodate || p.reading => {}
                     Some(p) => {
                         p.reading = true;
+                        p.read_gen = gen;
                         todo.push(i);
                     }
                     None => {
                         self.insert_page(&mut inner, i);
-                        inner.pages.get_mut(&i).unwrap().reading = true;
+                        let p = inner.pages.get_mut(&i).unwrap();
+                        p.reading = true;
+                        p.read_gen = gen;
                         todo.push(i);
                     }
                 }
             }
-        }
+            gen
+        };
         if todo.is_empty() {
             return Ok(());
         }
@@ -787,24 +802,25 @@ impl Mapping {
             let map = match self.ops.map_read(self.ino, start, cnt) {
                 Ok(m) => m,
                 Err(e) => {
-                    self.end_read(start, cnt, None, Err(e.clone()));
+                    self.end_read(start, cnt, gen, None, Err(e.clone()));
                     return Err(e);
                 }
             };
             let mut idx = start;
             for (sector, pages) in map {
                 match sector {
-                    None => self.end_read(idx, pages, None, Ok(())),
+                    None => self.end_read(idx, pages, gen, None, Ok(())),
                     Some(sec) => {
                         let bio = Bio::read(sec, (pages as usize) * PAGE_SIZE).with_end_io(
                             Arc::new(ReadEnd {
                                 mapping: self.arc(),
                                 index: idx,
                                 pages,
+                                gen,
                             }),
                         );
                         if let Err(e) = q.submit_bio(bio) {
-                            self.end_read(idx, pages, None, Err(e.clone()));
+                            self.end_read(idx, pages, gen, None, Err(e.clone()));
                             return Err(e);
                         }
                     }
@@ -815,32 +831,39 @@ impl Mapping {
         Ok(())
     }
 
-    fn end_read(&self, index: u64, n: u64, data: Option<&IoBuf>, status: BlkResult) {
+    /// The read `gen` of [index, index+n) ended: it fills, or on failure drops, only
+    /// the pages it is still reading (`Page::read_gen`), never a page that replaced
+    /// one of them.
+    fn end_read(&self, index: u64, n: u64, gen: u64, data: Option<&IoBuf>, status: BlkResult) {
         let mut inner = self.inner.lock();
+        let ok = status.is_ok();
+        let mut own = false;
         for k in 0..n {
             let i = index + k;
-            let ok = status.is_ok();
-            if let Some(p) = inner.pages.get_mut(&i) {
-                if !p.reading {
-                    continue;
-                }
-                p.reading = false;
-                if ok {
-                    match data {
-                        Some(d) => p.buf.as_mut_slice().copy_from_slice(
-                            &d.as_slice()[k as usize * PAGE_SIZE..(k as usize + 1) * PAGE_SIZE],
-                        ),
-                        None => p.buf.as_mut_slice().fill(0),
-                    }
-                    p.uptodate = true;
-                }
+            let Some(p) = inner.pages.get_mut(&i) else {
+                continue;
+            };
+            if !p.reading || p.read_gen != gen {
+                continue;
             }
-            if !ok && inner.pages.get(&i).is_some_and(|p| !p.uptodate && !p.dirty) {
+            own = true;
+            p.reading = false;
+            if ok {
+                match data {
+                    Some(d) => p.buf.as_mut_slice().copy_from_slice(
+                        &d.as_slice()[k as usize * PAGE_SIZE..(k as usize + 1) * PAGE_SIZE],
+                    ),
+                    None => p.buf.as_mut_slice().fill(0),
+                }
+                p.uptodate = true;
+            } else if !p.uptodate && !p.dirty {
                 inner.pages.remove(&i);
                 self.cache().nr_pages.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        if let Err(e) = status {
+        // A failure of pages all gone or replaced is nobody's: their waiters look
+        // again (`Waited::Gone`) rather than take an error of a read they no longer need.
+        if let (Err(e), true) = (status, own) {
             inner.error = Some(e);
             inner.read_failures += 1;
         }
@@ -1350,12 +1373,14 @@ struct ReadEnd {
     mapping: Arc<Mapping>,
     index: u64,
     pages: u64,
+    /// The read's generation (`Page::read_gen`).
+    gen: u64,
 }
 
 impl BioEndIo for ReadEnd {
     fn end_io(&self, bio: Bio, status: BlkResult) {
         self.mapping
-            .end_read(self.index, self.pages, bio.buf.as_ref(), status);
+            .end_read(self.index, self.pages, self.gen, bio.buf.as_ref(), status);
     }
 }
 
@@ -1368,5 +1393,105 @@ impl Wbc {
         } else {
             BioFlags::empty()
         }
+    }
+}
+
+#[cfg(test)]
+mod read_gen_tests {
+    use super::*;
+    use crate::block::QueueConfig;
+    use crate::dev::sim::SimDevice;
+    use crate::mm::throttle::DirtyConfig;
+    use crate::mm::CacheConfig;
+    use crate::testfs::TestVolume;
+    use crate::writeback::WbConfig;
+    use std::time::{Duration, Instant};
+
+    fn wait_for(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::yield_now();
+        }
+    }
+
+    fn reading(m: &Mapping, index: u64) -> Option<u64> {
+        let inner = m.inner.lock();
+        inner
+            .pages
+            .get(&index)
+            .filter(|p| p.reading)
+            .map(|p| p.read_gen)
+    }
+
+    /// A read still in flight when a truncation drops its page, completing after the
+    /// page is back with a read of its own: it neither fills the new page with its
+    /// data nor, failing, drops it or fails its waiter.
+    #[test]
+    fn a_read_of_a_truncated_page_completing_late_leaves_its_successor_alone() {
+        let cache = CacheConfig {
+            ra_max_pages: 0,
+            ..Default::default()
+        };
+        let wb = WbConfig {
+            dirty_writeback_centisecs: 0,
+            dirty: DirtyConfig {
+                dirty_bytes: 1 << 40,
+                dirty_background_bytes: 1 << 39,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let v =
+            TestVolume::open("sim:ssd,size=64M", QueueConfig::default(), cache, wb, 64).unwrap();
+        let sim = v.q.device().as_any().downcast_ref::<SimDevice>().unwrap();
+        v.file(1).write_at(0, &[0x11u8; 3 * 4096]).unwrap();
+        v.bdi.sync().unwrap();
+        let f = v.evict(1, 3 * 4096).unwrap();
+
+        // The first read of page 2 is in the device when a truncation drops the page.
+        sim.hold(true);
+        let reader = {
+            let f = f.clone();
+            std::thread::spawn(move || f.read_at(2 * 4096, &mut [0u8; 4096]))
+        };
+        wait_for("the first read in the device", || sim.pending() == 1);
+        let old = reading(&f, 2).expect("page 2 reading");
+        f.truncate(2 * 4096);
+
+        // The file grows again, and a partial write of page 2 reads it anew.
+        f.write_at(3 * 4096, &[0x33u8; 4096]).unwrap();
+        let writer = {
+            let f = f.clone();
+            std::thread::spawn(move || f.write_at(2 * 4096 + 100, &[0x22u8; 100]))
+        };
+        wait_for("the second read in the device", || sim.pending() == 2);
+        let new = reading(&f, 2).expect("page 2 reading again");
+        assert_ne!(old, new);
+        let failures = f.inner.lock().read_failures;
+
+        // The first read's completion arrives now: stale data, then a failure.
+        f.end_read(2, 1, old, Some(&IoBuf::from_slice(&[0xeeu8; 4096])), Ok(()));
+        assert_eq!(reading(&f, 2), Some(new), "a stale read filled the page");
+        f.end_read(2, 1, old, None, Err(BlkError::Io));
+        assert_eq!(
+            reading(&f, 2),
+            Some(new),
+            "a stale failure dropped the page"
+        );
+        assert_eq!(f.inner.lock().read_failures, failures);
+
+        sim.hold(false);
+        assert_eq!(writer.join().unwrap().unwrap(), 100);
+        // The first reader sleeps until a read ends; it then finds its page gone, or
+        // a page of the grown file, and reads what is there without error.
+        reader.join().unwrap().unwrap();
+        let mut got = vec![0u8; 4096];
+        assert_eq!(f.read_at(2 * 4096, &mut got).unwrap(), 4096);
+        // The device still holds the first content (the test filesystem's blocks
+        // are fixed), read by the second read; the write sits on top of it.
+        assert!(got[..100].iter().all(|&b| b == 0x11), "{:x?}", &got[..8]);
+        assert!(got[100..200].iter().all(|&b| b == 0x22));
+        assert!(got[200..].iter().all(|&b| b == 0x11));
     }
 }
