@@ -416,6 +416,9 @@ pub struct Allocator {
     /// Blocks kept from writes for the metadata tree's copy-on-write nodes, so a
     /// checkpoint (and a mount's) finds room on a filesystem writes have filled.
     meta_reserve: u64,
+    /// Blocks the next checkpoint may need for tree nodes (`Meta::checkpoint_need_blocks`):
+    /// writes leave them too, when more than `meta_reserve`.
+    meta_pending: u64,
     /// Blocks an overwrite in place is in flight to, with how many: one freed
     /// meanwhile (its file deleted or truncated, the freeing committed) is `held`, not
     /// free, until they end, or a late write would land in a block another file got.
@@ -439,6 +442,7 @@ impl Allocator {
             deferred_blocks: 0,
             committed: None,
             meta_reserve: 0,
+            meta_pending: 0,
             busy: BTreeMap::new(),
             held: BTreeSet::new(),
         }
@@ -510,6 +514,24 @@ impl Allocator {
         self.meta_reserve = blocks;
     }
 
+    /// Blocks the next checkpoint may need for its nodes: kept from writes beyond
+    /// `meta_reserve`, since a checkpoint takes all its new nodes' blocks before it
+    /// frees the nodes they replace.
+    pub fn set_meta_pending(&mut self, blocks: u64) {
+        self.meta_pending = blocks;
+    }
+
+    /// Blocks kept from writes only until the next checkpoint (what it may need beyond
+    /// the fixed reserve): a checkpoint gives them back.
+    pub fn held_for_checkpoint(&self) -> u64 {
+        self.meta_pending.max(self.meta_reserve) - self.meta_reserve
+    }
+
+    /// Free blocks nobody reserved: all that tree nodes may take.
+    pub fn meta_headroom(&self) -> u64 {
+        self.unreserved()
+    }
+
     /// Free blocks nobody reserved (metadata may use all of them).
     fn unreserved(&self) -> u64 {
         self.space.free_blocks().saturating_sub(self.reserved)
@@ -533,7 +555,8 @@ impl Allocator {
     /// Free blocks neither reserved, deferred nor kept for metadata: what a new
     /// `write()` may still claim.
     pub fn available(&self) -> u64 {
-        self.unreserved().saturating_sub(self.meta_reserve)
+        self.unreserved()
+            .saturating_sub(self.meta_reserve.max(self.meta_pending))
     }
 
     /// `(total, free, available)` blocks for statfs (`f_blocks`, `f_bfree`, `f_bavail`).

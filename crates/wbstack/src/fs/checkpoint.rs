@@ -420,3 +420,69 @@ fn write_dirty(
 fn free_nodes(meta: &mut Meta, blocks: &[u64]) -> FsResult<()> {
     meta.nodes_freed(blocks).map_err(|e| FsError::Corrupt(e.0))
 }
+
+#[cfg(test)]
+mod full_volume_tests {
+    use crate::block::RequestQueue;
+    use crate::fs::error::FsError;
+    use crate::fs::volume::{MountOptions, SetAttr, Volume};
+
+    /// Metadata changes alone on a volume writes have filled: the checkpoints they
+    /// need (each takes all its new nodes' blocks before it frees the old) find room,
+    /// so unmount and the next mount succeed, and nothing is lost.
+    #[test]
+    fn metadata_changes_on_a_volume_writes_filled_still_checkpoint_and_mount() {
+        let q = RequestQueue::open("sim:ssd,size=64M", crate::block::QueueConfig::default())
+            .expect("a simulated device");
+        Volume::mkfs(&q, &crate::fs::journal::MkfsOptions::default()).expect("mkfs");
+        let mut o = MountOptions::default();
+        o.wb.dirty_writeback_centisecs = 0;
+        o.commit_interval_ms = 3_600_000;
+        let v = Volume::mount(q.clone(), o.clone()).expect("mount");
+        const FILES: usize = 20_000;
+        for d in 0..4 {
+            v.mkdir(&format!("/d{d}"), 0o755).unwrap();
+        }
+        for i in 0..FILES {
+            v.create(&format!("/d{}/f{i}", i % 4))
+                .unwrap()
+                .close()
+                .unwrap();
+        }
+        v.sync().unwrap();
+        // Writes take every block they may.
+        let fill = v.create("/fill").unwrap();
+        let chunk = vec![7u8; 256 << 10];
+        let mut filled = 0u64;
+        loop {
+            match fill.write_at(filled, &chunk) {
+                Ok(0) => break,
+                Ok(n) => filled += n as u64,
+                Err(FsError::NoSpace) => break,
+                Err(e) => panic!("filling: {e}"),
+            }
+        }
+        fill.fsync().unwrap();
+        fill.close().unwrap();
+        assert!(filled > 16 << 20, "only {filled} bytes written");
+        // Full but for what the fixed reserve and the next checkpoint keep.
+        assert!(v.statfs().available < 1024, "{:?}", v.statfs());
+        // Scattered changes of metadata alone, each inode's leaf its own.
+        for i in (0..FILES).step_by(40) {
+            let a = SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            };
+            v.set_attr(&format!("/d{}/f{i}", i % 4), &a).unwrap();
+        }
+        v.unmount().expect("unmount's checkpoint");
+        let v = Volume::mount(q, o).expect("mount after");
+        for i in (0..FILES).step_by(40) {
+            let st = v.stat(&format!("/d{}/f{i}", i % 4)).unwrap();
+            assert_eq!(st.mode & 0o7777, 0o600, "file {i}");
+        }
+        assert_eq!(v.stat("/fill").unwrap().size, filled);
+        assert!(v.check().is_empty(), "{:?}", v.check());
+        v.unmount().unwrap();
+    }
+}

@@ -605,6 +605,7 @@ impl Vol {
                 let covered = Some(txn);
                 if self.sb.version >= TREE_VERSION {
                     let changes = st.meta.take_changes();
+                    st.refresh_meta_pending();
                     (
                         Payload::Checkpoint(CheckpointPayload::Tree(
                             st.meta.begin_capture(changes),
@@ -623,6 +624,7 @@ impl Vol {
                 // The state as of this transaction, which is journaled as any other:
                 // until the checkpoint is durable, replay goes through it.
                 let changes = st.meta.take_changes();
+                st.refresh_meta_pending();
                 (
                     Payload::Txn(txn),
                     None,

@@ -774,6 +774,7 @@ impl Volume {
         let txn_limit_bytes = (l.sb.journal_blocks * PAGE / 4) as usize;
         let ring = super::jspace::JournalRing::new(0, l.sb.journal_blocks);
         let dcache = Arc::new(super::dcache::Dcache::default());
+        let meta_tight = Arc::new(AtomicBool::new(false));
         let icache = super::icache::InodeCache::new(inode_cache);
         let vol = Arc::new(Vol {
             q,
@@ -808,8 +809,10 @@ impl Volume {
                 jhome_first_ns: None,
                 wall_offset_ns,
                 dcache: dcache.clone(),
+                meta_tight: meta_tight.clone(),
             }),
             dcache,
+            meta_tight,
             icache_gauge: icache.gauge(),
             icache: Mutex::new(icache),
             nodes: l.tree.as_ref().map(|t| {

@@ -455,6 +455,23 @@ impl Meta {
         self.inodes.open_changed()
     }
 
+    /// Blocks the next checkpoint may need for tree nodes, all at once (the nodes it
+    /// replaces are freed only once its root is durable): a leaf for each inode changed
+    /// since the last one, as scattered updates (chmod, touch) of inodes far apart
+    /// cost, a parent per 64 of those, and the root's path. The journal does not bound
+    /// this: a 66-byte restatement can dirty a whole leaf. Creates cost less (new
+    /// inodes and their entries share leaves); an inode whose entries or extents span
+    /// many leaves, changed all over, could cost more.
+    pub fn checkpoint_need_blocks(&self) -> u64 {
+        const ROOT_PATH_NODES: u64 = 32;
+        if self.changes.is_none() {
+            // No tree (format 3's image goes to its fixed slot).
+            return 0;
+        }
+        let leaves = self.open_changed() as u64;
+        leaves + leaves / 64 + ROOT_PATH_NODES
+    }
+
     /// From now on keep the free space of the described state (`view`), starting from
     /// the allocator's map, which is that space when nothing is in flight (mkfs, and
     /// a mount before replay).

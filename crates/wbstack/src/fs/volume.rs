@@ -626,6 +626,10 @@ pub(super) struct State {
     /// The dentry cache (`fs::dcache`), kept in step with every change of a directory
     /// entry by `log`.
     pub dcache: Arc<super::dcache::Dcache>,
+    /// The next checkpoint may need most of the free space (`refresh_meta_pending`):
+    /// operations take one before changing more (`Vol::faulting`), as writers wait
+    /// for writeback past the dirty limit. Read without `st`.
+    pub meta_tight: Arc<AtomicBool>,
 }
 
 impl State {
@@ -726,6 +730,21 @@ impl State {
     /// `META_FULL_MIN`): the next commit is a checkpoint, and it is due now.
     pub fn meta_full(&self) -> bool {
         self.meta.open_changed() > self.meta_limit.max(META_FULL_MIN)
+            || (self.meta.open_changed() > 0
+                && self.meta.checkpoint_need_blocks() * 2 > self.meta.alloc.meta_headroom())
+    }
+
+    /// Keep from writes the blocks the next checkpoint may need (`meta_full` makes it
+    /// due before they pass half of what is free): on a volume writes have filled,
+    /// metadata changes alone would otherwise outgrow the fixed reserve, and the
+    /// checkpoint, then the mount's after a crash, would fail for space.
+    pub fn refresh_meta_pending(&mut self) {
+        let need = self.meta.checkpoint_need_blocks();
+        self.meta.alloc.set_meta_pending(need);
+        let tight = self.meta.open_changed() > 0 && need * 4 > self.meta.alloc.meta_headroom() * 3;
+        if self.meta_tight.load(Ordering::Relaxed) != tight {
+            self.meta_tight.store(tight, Ordering::Relaxed);
+        }
     }
 
     /// Whether inode `ino` owes nothing: no open, no pages pending, no change a commit
@@ -782,6 +801,8 @@ impl State {
             }
         }
         self.txn_first_ns.get_or_insert(now_ns);
+        // Every change touches what it changed, whether logged or restated later.
+        self.refresh_meta_pending();
     }
 
     /// Set mtime and ctime to now (a directory's after an entry changed, a file's
@@ -1027,6 +1048,8 @@ pub(super) struct Vol {
     /// Path walks through directories without `st` (`fs::dcache`); `State::log`
     /// changes it.
     pub dcache: Arc<super::dcache::Dcache>,
+    /// `State::meta_tight`, read without `st`.
+    pub meta_tight: Arc<AtomicBool>,
     pub icache: Mutex<super::icache::InodeCache>,
     /// `icache`'s size and limit without its lock.
     pub icache_gauge: Arc<super::icache::Gauge>,
@@ -1132,12 +1155,24 @@ impl AddressSpaceOps for Aops {
         match self.try_prepare_write(ino, index, n) {
             // ext4_should_retry_alloc: blocks freed by a transaction not yet committed
             // are space about to come back; commit it and try once more.
+            // Blocks kept for the next checkpoint's nodes come back once it is
+            // durable: take it, and try again.
             Err(BlkError::NoSpace) => {
                 let vol = self.vol()?;
-                if vol.st.lock().meta.alloc.deferred_blocks() == 0 {
+                let (deferred, for_ckpt) = {
+                    let st = vol.st.lock();
+                    (
+                        st.meta.alloc.deferred_blocks(),
+                        st.meta.alloc.held_for_checkpoint(),
+                    )
+                };
+                if deferred == 0 && for_ckpt == 0 {
                     return Err(BlkError::NoSpace);
                 }
                 vol.commit_and_release().map_err(|_| BlkError::NoSpace)?;
+                if for_ckpt > 0 {
+                    vol.checkpoint_now().map_err(|_| BlkError::NoSpace)?;
+                }
                 self.try_prepare_write(ino, index, n)
             }
             r => r,
@@ -1420,6 +1455,7 @@ impl Aops {
             }
         }
         if !need.is_empty() {
+            st.refresh_meta_pending();
             st.meta
                 .alloc
                 .reserve(need.len() as u64)
@@ -1527,6 +1563,12 @@ impl Vol {
     /// Run `op`, which takes `st` itself; if it failed on inodes not in memory
     /// (`fs::inodes`), read them back without `st` and run it again.
     pub(super) fn faulting<R>(&self, mut op: impl FnMut() -> FsResult<R>) -> FsResult<R> {
+        if self.meta_tight.load(Ordering::Relaxed) {
+            // What the next checkpoint may need nears the free space (a volume writes
+            // have filled): it is taken before this operation adds to it, or the
+            // checkpoint, and the mount after a crash, would fail for space.
+            self.checkpoint_now()?;
+        }
         let mut tries = 0;
         // What was read back stays in memory until the operation ran again.
         let mut pinned: Vec<u64> = Vec::new();
