@@ -256,7 +256,13 @@ impl Inodes {
     /// Install what `read` read back of the inodes `asked` (none: all), unless the
     /// durable generation moved on since (then false: read again). Inodes in memory or
     /// changed since are kept as they are: memory is newer than the tree.
-    pub fn install(&mut self, read: Read, asked: Option<&[u64]>) -> Result<bool, FsError> {
+    /// `check` vets each inode installed (an image is untrusted input).
+    pub fn install(
+        &mut self,
+        read: Read,
+        asked: Option<&[u64]>,
+        check: impl Fn(u64, &Inode) -> Result<(), FsError>,
+    ) -> Result<bool, FsError> {
         if read.gen != self.durable_gen {
             return Ok(false);
         }
@@ -276,6 +282,7 @@ impl Inodes {
             if self.changed.contains_key(&ino) || self.map.contains_key(&ino) {
                 continue;
             }
+            check(ino, &i)?;
             self.faults += 1;
             self.order.push_back(ino);
             self.map.insert(ino, Box::new(i));

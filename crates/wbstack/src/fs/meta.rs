@@ -558,7 +558,9 @@ impl Meta {
         read: Read,
         asked: Option<&[u64]>,
     ) -> Result<bool, super::error::FsError> {
-        self.inodes.install(read, asked)
+        let space = self.alloc.space();
+        self.inodes
+            .install(read, asked, |ino, i| read_back_sound(space, ino, i))
     }
 
     /// Record from now on which keys `apply` changes (off: nothing is kept).
@@ -1522,6 +1524,52 @@ pub fn valid_name(name: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    /// What a crafted image could hold in an inode read back lazily is refused before
+    /// the volume uses it: extents outside the data area, overlapping, or on free
+    /// blocks, and a subdirectory count its entries do not bear out.
+    #[test]
+    fn an_inode_read_back_is_refused_when_its_image_is_unsound() {
+        use crate::fs::error::FsError;
+        let mut space = FreeSpace::new(100, 1000);
+        space.alloc_exact(200, 10).unwrap();
+        let file = |runs: &[(u64, u64, u64)]| {
+            let mut i = Inode::new_loaded(InodeKind::File, 0o644, 0, 0);
+            for &(fb, s, l) in runs {
+                i.extents.insert(fb, (s, l));
+            }
+            i
+        };
+        assert!(read_back_sound(&space, 7, &file(&[(0, 200, 4), (4, 204, 6)])).is_ok());
+        for (why, runs) in [
+            ("the superblock", vec![(0u64, 0u64, 1u64)]),
+            ("past the device", vec![(0, 205, 5), (5, 995, 10)]),
+            ("free blocks", vec![(0, 208, 4)]),
+            ("overlapping", vec![(0, 200, 4), (2, 204, 2)]),
+            ("empty", vec![(0, 200, 0)]),
+        ] {
+            let r = read_back_sound(&space, 7, &file(&runs));
+            assert!(matches!(r, Err(FsError::Corrupt(_))), "{why}: {r:?}");
+        }
+        let mut d = Inode::new_loaded(InodeKind::Dir, 0o755, 0, 0);
+        d.links = 1;
+        for (name, ino, kind) in [(&b"sub"[..], 8, InodeKind::Dir), (b"f", 9, InodeKind::File)] {
+            d.entries
+                .insert_at(super::super::dir::name_hash(0, name), name, ino, Some(kind));
+        }
+        d.subdirs = 1;
+        assert!(read_back_sound(&space, 7, &d).is_ok());
+        d.subdirs = 0;
+        assert!(matches!(
+            read_back_sound(&space, 7, &d),
+            Err(FsError::Corrupt(_))
+        ));
+        d.subdirs = u32::MAX;
+        assert!(matches!(
+            read_back_sound(&space, 7, &d),
+            Err(FsError::Corrupt(_))
+        ));
+    }
+
     fn live(m: &mut Meta, r: Record) {
         m.apply(&r, ApplyMode::Live { tid: 1 }).unwrap();
     }
@@ -1621,4 +1669,58 @@ mod tests {
         assert!(p.contains("marked free but belong"), "{p}");
         assert!(p.contains("link count 2 but 1"), "{p}");
     }
+}
+
+/// An inode read back from the tree (`Meta::install`) as the rest of the volume can
+/// rely on: the tree is checked whole only by fsck, and a mount reads it lazily, so a
+/// crafted or damaged image reaches here unchecked. Its extents lie in the data area,
+/// in order, and on blocks the free map counts as used (else a write in place would
+/// land on the superblock, the journal or a tree node, or on a block another file
+/// gets); a directory's subdirectory count is the directories it lists (an rmdir would
+/// take it below zero), and its link count fits.
+fn read_back_sound(space: &FreeSpace, ino: u64, i: &Inode) -> Result<(), super::error::FsError> {
+    let bad = |what: String| {
+        Err(super::error::FsError::Corrupt(format!(
+            "inode {ino} read back: {what}"
+        )))
+    };
+    let mut file_end = 0u64;
+    for (&fb, &(start, len)) in i.extents.iter() {
+        let (Some(fend), Some(end)) = (fb.checked_add(len), start.checked_add(len)) else {
+            return bad(format!("extent at file block {fb} overflows"));
+        };
+        if len == 0 || fb < file_end {
+            return bad(format!("extent at file block {fb} is empty or overlaps"));
+        }
+        if start < space.first_data_block() || end > space.nr_blocks() {
+            return bad(format!(
+                "extent at file block {fb} maps blocks {start}..{end}, outside the data area"
+            ));
+        }
+        if space.overlaps_free(start, len) {
+            return bad(format!(
+                "extent at file block {fb} maps blocks {start}..{end}, some of them free"
+            ));
+        }
+        file_end = fend;
+    }
+    // Kinds are recorded with every entry from format 5 on, the only format read back.
+    let kinds: Option<Vec<InodeKind>> = i.entries.iter_kinds().map(|(_, _, k)| k).collect();
+    if let (true, Some(kinds)) = (i.is_dir(), kinds) {
+        let dirs = kinds.iter().filter(|&&k| k == InodeKind::Dir).count();
+        if u32::try_from(dirs).ok() != Some(i.subdirs) {
+            return bad(format!(
+                "{} subdirectories counted, {dirs} listed",
+                i.subdirs
+            ));
+        }
+        if i.links
+            .checked_add(1)
+            .and_then(|n| n.checked_add(i.subdirs))
+            .is_none()
+        {
+            return bad("its link count overflows".into());
+        }
+    }
+    Ok(())
 }
