@@ -1520,6 +1520,60 @@ pub fn valid_name(name: &[u8]) -> bool {
         && name != b".."
 }
 
+/// An inode read back from the tree (`Meta::install`) as the rest of the volume can
+/// rely on: the tree is checked whole only by fsck, and a mount reads it lazily, so a
+/// crafted or damaged image reaches here unchecked. Its extents lie in the data area,
+/// in order, and on blocks the free map counts as used (else a write in place would
+/// land on the superblock, the journal or a tree node, or on a block another file
+/// gets); a directory's subdirectory count is the directories it lists (an rmdir would
+/// take it below zero), and its link count fits.
+fn read_back_sound(space: &FreeSpace, ino: u64, i: &Inode) -> Result<(), super::error::FsError> {
+    let bad = |what: String| {
+        Err(super::error::FsError::Corrupt(format!(
+            "inode {ino} read back: {what}"
+        )))
+    };
+    let mut file_end = 0u64;
+    for (&fb, &(start, len)) in i.extents.iter() {
+        let (Some(fend), Some(end)) = (fb.checked_add(len), start.checked_add(len)) else {
+            return bad(format!("extent at file block {fb} overflows"));
+        };
+        if len == 0 || fb < file_end {
+            return bad(format!("extent at file block {fb} is empty or overlaps"));
+        }
+        if start < space.first_data_block() || end > space.nr_blocks() {
+            return bad(format!(
+                "extent at file block {fb} maps blocks {start}..{end}, outside the data area"
+            ));
+        }
+        if space.overlaps_free(start, len) {
+            return bad(format!(
+                "extent at file block {fb} maps blocks {start}..{end}, some of them free"
+            ));
+        }
+        file_end = fend;
+    }
+    // Kinds are recorded with every entry from format 5 on, the only format read back.
+    let kinds: Option<Vec<InodeKind>> = i.entries.iter_kinds().map(|(_, _, k)| k).collect();
+    if let (true, Some(kinds)) = (i.is_dir(), kinds) {
+        let dirs = kinds.iter().filter(|&&k| k == InodeKind::Dir).count();
+        if u32::try_from(dirs).ok() != Some(i.subdirs) {
+            return bad(format!(
+                "{} subdirectories counted, {dirs} listed",
+                i.subdirs
+            ));
+        }
+        if i.links
+            .checked_add(1)
+            .and_then(|n| n.checked_add(i.subdirs))
+            .is_none()
+        {
+            return bad("its link count overflows".into());
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1669,58 +1723,4 @@ mod tests {
         assert!(p.contains("marked free but belong"), "{p}");
         assert!(p.contains("link count 2 but 1"), "{p}");
     }
-}
-
-/// An inode read back from the tree (`Meta::install`) as the rest of the volume can
-/// rely on: the tree is checked whole only by fsck, and a mount reads it lazily, so a
-/// crafted or damaged image reaches here unchecked. Its extents lie in the data area,
-/// in order, and on blocks the free map counts as used (else a write in place would
-/// land on the superblock, the journal or a tree node, or on a block another file
-/// gets); a directory's subdirectory count is the directories it lists (an rmdir would
-/// take it below zero), and its link count fits.
-fn read_back_sound(space: &FreeSpace, ino: u64, i: &Inode) -> Result<(), super::error::FsError> {
-    let bad = |what: String| {
-        Err(super::error::FsError::Corrupt(format!(
-            "inode {ino} read back: {what}"
-        )))
-    };
-    let mut file_end = 0u64;
-    for (&fb, &(start, len)) in i.extents.iter() {
-        let (Some(fend), Some(end)) = (fb.checked_add(len), start.checked_add(len)) else {
-            return bad(format!("extent at file block {fb} overflows"));
-        };
-        if len == 0 || fb < file_end {
-            return bad(format!("extent at file block {fb} is empty or overlaps"));
-        }
-        if start < space.first_data_block() || end > space.nr_blocks() {
-            return bad(format!(
-                "extent at file block {fb} maps blocks {start}..{end}, outside the data area"
-            ));
-        }
-        if space.overlaps_free(start, len) {
-            return bad(format!(
-                "extent at file block {fb} maps blocks {start}..{end}, some of them free"
-            ));
-        }
-        file_end = fend;
-    }
-    // Kinds are recorded with every entry from format 5 on, the only format read back.
-    let kinds: Option<Vec<InodeKind>> = i.entries.iter_kinds().map(|(_, _, k)| k).collect();
-    if let (true, Some(kinds)) = (i.is_dir(), kinds) {
-        let dirs = kinds.iter().filter(|&&k| k == InodeKind::Dir).count();
-        if u32::try_from(dirs).ok() != Some(i.subdirs) {
-            return bad(format!(
-                "{} subdirectories counted, {dirs} listed",
-                i.subdirs
-            ));
-        }
-        if i.links
-            .checked_add(1)
-            .and_then(|n| n.checked_add(i.subdirs))
-            .is_none()
-        {
-            return bad("its link count overflows".into());
-        }
-    }
-    Ok(())
 }
