@@ -304,6 +304,33 @@ fn in_flight_equals_outstanding_requests_while_held() {
 }
 
 #[test]
+fn a_preflush_write_counts_its_flush_but_leaves_in_flight_alone() {
+    // The flush half of a PREFLUSH write is counted at completion only: it was never
+    // started, so it must not count a request out of flight.
+    let dev = dev::open("null,hw_queues=1", RealClock::new()).unwrap();
+    let q = RequestQueue::new(
+        dev.clone(),
+        QueueConfig {
+            iostats: IoStatsMode::Atomic,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let null = dev.as_any().downcast_ref::<NullDevice>().unwrap();
+    q.write_sync(0, IoBuf::zeroed(4096), BioFlags::PREFLUSH)
+        .unwrap();
+    assert_eq!(q.diskstats().flushes(), 1);
+    null.hold(true);
+    let w = BioWait::new();
+    q.submit_bio(Bio::read(8, 4096).with_end_io(w.clone()))
+        .unwrap();
+    assert_eq!(q.diskstats().in_flight, [1, 0]);
+    null.hold(false);
+    w.wait_n(1);
+    assert_eq!(q.diskstats().in_flight, [0, 0]);
+}
+
+#[test]
 fn io_ticks_and_time_in_queue_follow_the_kernel() {
     // §5.6 scenarios 1-3 on a manual clock, with requests held in the device.
     for mode in [IoStatsMode::Atomic, IoStatsMode::Tags] {

@@ -157,7 +157,7 @@ impl RqComplete for QueueCore {
             // (blk-flush), and diskstats counts that flush (fields 15-16): so do we, or
             // an fsync's flush would vanish from iostat and the lab's flush counts.
             if rq.op == Op::Write && rq.flags.contains(BioFlags::PREFLUSH) {
-                self.stats.done(mode, Op::Flush, 0, nsecs);
+                self.stats.done_preflush(mode, nsecs);
             }
         }
         let wbt_flags = rq.wbt_flags;
