@@ -303,6 +303,92 @@ fn in_flight_equals_outstanding_requests_while_held() {
     }
 }
 
+/// A queue over a null device on a manual clock, one hardware queue.
+fn manual_null_queue(
+    iostats: IoStatsMode,
+) -> (Arc<ManualClock>, dev::DeviceRef, Arc<RequestQueue>) {
+    let clock = ManualClock::new(1000 * 1_000_000_000);
+    let dev = dev::open("null,hw_queues=1", clock.clone()).unwrap();
+    let q = RequestQueue::new(
+        dev.clone(),
+        QueueConfig {
+            iostats,
+            clock: clock.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (clock, dev, q)
+}
+
+#[test]
+fn switching_iostats_with_io_in_flight_leaves_diskstats_sound() {
+    // Each request is counted out the way it was counted in (RQF_IO_STAT), whatever
+    // the mode is when it completes.
+    let ms = 1_000_000u64;
+    for (from, to) in [
+        (IoStatsMode::Atomic, IoStatsMode::Tags),
+        (IoStatsMode::Atomic, IoStatsMode::Off),
+        (IoStatsMode::Tags, IoStatsMode::Atomic),
+    ] {
+        let (clock, dev, q) = manual_null_queue(from);
+        let null = dev.as_any().downcast_ref::<NullDevice>().unwrap();
+        q.diskstats();
+        null.hold(true);
+        let w = BioWait::new();
+        q.submit_bio(Bio::write(0, IoBuf::zeroed(4096)).with_end_io(w.clone()))
+            .unwrap();
+        q.set_iostats(to);
+        clock.advance(10 * ms);
+        null.hold(false);
+        w.wait_n(1);
+        q.set_iostats(IoStatsMode::Atomic);
+        let idle = q.diskstats();
+        assert_eq!(idle.in_flight, [0, 0], "{from} -> {to}");
+        assert_eq!(idle.ios[1], 1, "{from} -> {to}: the write is counted once");
+        clock.advance(100 * ms);
+        assert_eq!(
+            q.diskstats().io_ticks_ms,
+            idle.io_ticks_ms,
+            "{from} -> {to}: io_ticks grew on an idle disk"
+        );
+        // The next write is in flight, and counted so.
+        null.hold(true);
+        q.submit_bio(Bio::write(8, IoBuf::zeroed(4096)).with_end_io(w.clone()))
+            .unwrap();
+        assert_eq!(q.diskstats().in_flight, [0, 1], "{from} -> {to}");
+        null.hold(false);
+        w.wait_n(1);
+    }
+}
+
+#[test]
+fn a_request_started_with_iostats_off_is_not_counted_when_they_come_on() {
+    let ms = 1_000_000u64;
+    let (clock, dev, q) = manual_null_queue(IoStatsMode::Off);
+    let null = dev.as_any().downcast_ref::<NullDevice>().unwrap();
+    null.hold(true);
+    let w = BioWait::new();
+    q.submit_bio(Bio::write(0, IoBuf::zeroed(4096)).with_end_io(w.clone()))
+        .unwrap();
+    q.set_iostats(IoStatsMode::Tags);
+    clock.advance(10 * ms);
+    null.hold(false);
+    w.wait_n(1);
+    // Counting it would take its start as the clock's zero: 1000 s of write ticks.
+    let d = q.diskstats();
+    assert_eq!((d.ios[1], d.nsecs[1]), (0, 0), "{d:?}");
+    // A write started with iostats on is counted, from its start.
+    null.hold(true);
+    q.submit_bio(Bio::write(8, IoBuf::zeroed(4096)).with_end_io(w.clone()))
+        .unwrap();
+    clock.advance(10 * ms);
+    null.hold(false);
+    w.wait_n(1);
+    let d = q.diskstats();
+    assert_eq!((d.ios[1], d.ticks_ms(1)), (1, 10), "{d:?}");
+}
+
 #[test]
 fn a_preflush_write_counts_its_flush_but_leaves_in_flight_alone() {
     // The flush half of a PREFLUSH write is counted at completion only: it was never
