@@ -679,7 +679,13 @@ impl RqWb {
         if self.sync_cookie.load(Ordering::Acquire) == 0 {
             return 0;
         }
-        now.saturating_sub(self.sync_issue.load(Ordering::Acquire))
+        // The cookie is published before the stamp and retired after it is cleared:
+        // between the two there is no start to measure from, and measuring from 0
+        // would judge the window by the whole clock.
+        match self.sync_issue.load(Ordering::Acquire) {
+            0 => 0,
+            issue => now.saturating_sub(issue),
+        }
     }
 
     /// Start a window: its length from the current step (rwb_arm_timer).
@@ -1396,6 +1402,21 @@ mod tests {
             r.arm_window();
         }
         out
+    }
+
+    #[test]
+    fn a_watched_read_without_its_start_stamp_is_not_judged() {
+        // read_issued publishes the cookie before the stamp, and read_done clears the
+        // stamp before the cookie: a window ending in between sees a cookie and no start.
+        let r = nvme();
+        r.sync_cookie.store(7, Ordering::Release);
+        let out = r.timer_fn(1000 * NSEC_PER_SEC, &[none(), none()], false);
+        assert_ne!(out.status, Some(LatStatus::Exceeded), "{out:?}");
+        assert_eq!(out.lat_nsec, None);
+        // Once stamped, a read at the device for longer than the window is.
+        r.sync_issue.store(1000 * NSEC_PER_SEC, Ordering::Release);
+        let out = r.timer_fn(1000 * NSEC_PER_SEC + 200 * MS, &[none(), none()], false);
+        assert_eq!(out.status, Some(LatStatus::Exceeded), "{out:?}");
     }
 
     #[test]
