@@ -577,7 +577,14 @@ impl RqWb {
     #[inline]
     pub fn inc_below(&self, rwq: usize, limit: u32) -> bool {
         let a = &self.inflight[rwq];
-        let mut cur = a.load(Ordering::Relaxed);
+        // SeqCst loads, the failed exchange's too: a first sleeper stores `sleepers`
+        // and then tries here again, while a completion drops `inflight` and then
+        // looks at `sleepers` (store-buffer pattern). Only with all four in the single
+        // SeqCst order must one side see the other's write; with a relaxed load here,
+        // a weakly ordered CPU may let the sleeper see the old count while the
+        // completion sees no sleeper, and nobody wakes it. On x86 the loads cost
+        // nothing more.
+        let mut cur = a.load(Ordering::SeqCst);
         loop {
             if cur >= limit {
                 if !self.limited.load(Ordering::Relaxed) {
@@ -585,7 +592,7 @@ impl RqWb {
                 }
                 return false;
             }
-            match a.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::Relaxed) {
+            match a.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => return true,
                 Err(c) => cur = c,
             }
@@ -985,6 +992,8 @@ impl Shared {
     /// Give back a slot of a tracked request and wake whoever it lets in.
     fn put(&self, wb_acct: u8, now: u64) {
         let rwq = rwq_index(wb_acct);
+        // SeqCst after rqw_done's SeqCst decrement, against a sleeper's store and
+        // retry (see `RqWb::inc_below`).
         let wake = self.rwb.rqw_done(
             wb_acct,
             || self.recent_wait(now),
