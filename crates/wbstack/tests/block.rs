@@ -221,6 +221,56 @@ fn tag_exhaustion_blocks_and_resumes() {
 }
 
 #[test]
+fn meta_and_data_bios_never_share_a_request() {
+    // data=meta keeps a request's data by its META flag: a bio merged into a request
+    // of the other kind would be kept, or dropped, as that kind.
+    for meta_first in [false, true] {
+        let q = RequestQueue::open("sim:ssd,size=64M,data=meta", QueueConfig::default()).unwrap();
+        let flags = |meta: bool| {
+            if meta {
+                BioFlags::META
+            } else {
+                BioFlags::empty()
+            }
+        };
+        let w = BioWait::new();
+        {
+            let _plug = Plug::start();
+            for (sector, meta) in [(0u64, meta_first), (8, !meta_first)] {
+                let fill = if meta { 0x11 } else { 0x22 };
+                q.submit_bio(
+                    Bio::write(sector, IoBuf::from_slice(&[fill; 4096]))
+                        .with_flags(flags(meta))
+                        .with_end_io(w.clone()),
+                )
+                .unwrap();
+            }
+        }
+        for (_, st) in w.wait_n(2) {
+            st.unwrap();
+        }
+        // The byte a block is filled with, None if it is not uniform.
+        let fill = |sector| {
+            let b = q.read_sync(sector, 4096).unwrap();
+            let s = b.as_slice();
+            s.iter().all(|&x| x == s[0]).then_some(s[0])
+        };
+        let (meta_at, data_at) = if meta_first { (0, 8) } else { (8, 0) };
+        assert_eq!(
+            fill(meta_at),
+            Some(0x11),
+            "meta first: {meta_first}: the META write is kept"
+        );
+        assert_eq!(
+            fill(data_at),
+            Some(0),
+            "meta first: {meta_first}: the data write is not"
+        );
+        assert_eq!(q.diskstats().merges, [0; 4]);
+    }
+}
+
+#[test]
 fn exact_diskstats_for_a_known_workload() {
     for mode in [IoStatsMode::Atomic, IoStatsMode::Tags] {
         let (_rec, q) = null_queue("null,memory_backed=1,hw_queues=2", mode);
