@@ -221,6 +221,56 @@ fn tag_exhaustion_blocks_and_resumes() {
 }
 
 #[test]
+fn meta_and_data_bios_never_share_a_request() {
+    // data=meta keeps a request's data by its META flag: a bio merged into a request
+    // of the other kind would be kept, or dropped, as that kind.
+    for meta_first in [false, true] {
+        let q = RequestQueue::open("sim:ssd,size=64M,data=meta", QueueConfig::default()).unwrap();
+        let flags = |meta: bool| {
+            if meta {
+                BioFlags::META
+            } else {
+                BioFlags::empty()
+            }
+        };
+        let w = BioWait::new();
+        {
+            let _plug = Plug::start();
+            for (sector, meta) in [(0u64, meta_first), (8, !meta_first)] {
+                let fill = if meta { 0x11 } else { 0x22 };
+                q.submit_bio(
+                    Bio::write(sector, IoBuf::from_slice(&[fill; 4096]))
+                        .with_flags(flags(meta))
+                        .with_end_io(w.clone()),
+                )
+                .unwrap();
+            }
+        }
+        for (_, st) in w.wait_n(2) {
+            st.unwrap();
+        }
+        // The byte a block is filled with, None if it is not uniform.
+        let fill = |sector| {
+            let b = q.read_sync(sector, 4096).unwrap();
+            let s = b.as_slice();
+            s.iter().all(|&x| x == s[0]).then_some(s[0])
+        };
+        let (meta_at, data_at) = if meta_first { (0, 8) } else { (8, 0) };
+        assert_eq!(
+            fill(meta_at),
+            Some(0x11),
+            "meta first: {meta_first}: the META write is kept"
+        );
+        assert_eq!(
+            fill(data_at),
+            Some(0),
+            "meta first: {meta_first}: the data write is not"
+        );
+        assert_eq!(q.diskstats().merges, [0; 4]);
+    }
+}
+
+#[test]
 fn exact_diskstats_for_a_known_workload() {
     for mode in [IoStatsMode::Atomic, IoStatsMode::Tags] {
         let (_rec, q) = null_queue("null,memory_backed=1,hw_queues=2", mode);
@@ -301,6 +351,119 @@ fn in_flight_equals_outstanding_requests_while_held() {
         w.wait_n(8);
         assert_eq!(q.diskstats().in_flight, [0, 0]);
     }
+}
+
+/// A queue over a null device on a manual clock, one hardware queue.
+fn manual_null_queue(
+    iostats: IoStatsMode,
+) -> (Arc<ManualClock>, dev::DeviceRef, Arc<RequestQueue>) {
+    let clock = ManualClock::new(1000 * 1_000_000_000);
+    let dev = dev::open("null,hw_queues=1", clock.clone()).unwrap();
+    let q = RequestQueue::new(
+        dev.clone(),
+        QueueConfig {
+            iostats,
+            clock: clock.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (clock, dev, q)
+}
+
+#[test]
+fn switching_iostats_with_io_in_flight_leaves_diskstats_sound() {
+    // Each request is counted out the way it was counted in (RQF_IO_STAT), whatever
+    // the mode is when it completes.
+    let ms = 1_000_000u64;
+    for (from, to) in [
+        (IoStatsMode::Atomic, IoStatsMode::Tags),
+        (IoStatsMode::Atomic, IoStatsMode::Off),
+        (IoStatsMode::Tags, IoStatsMode::Atomic),
+    ] {
+        let (clock, dev, q) = manual_null_queue(from);
+        let null = dev.as_any().downcast_ref::<NullDevice>().unwrap();
+        q.diskstats();
+        null.hold(true);
+        let w = BioWait::new();
+        q.submit_bio(Bio::write(0, IoBuf::zeroed(4096)).with_end_io(w.clone()))
+            .unwrap();
+        q.set_iostats(to);
+        clock.advance(10 * ms);
+        null.hold(false);
+        w.wait_n(1);
+        q.set_iostats(IoStatsMode::Atomic);
+        let idle = q.diskstats();
+        assert_eq!(idle.in_flight, [0, 0], "{from} -> {to}");
+        assert_eq!(idle.ios[1], 1, "{from} -> {to}: the write is counted once");
+        clock.advance(100 * ms);
+        assert_eq!(
+            q.diskstats().io_ticks_ms,
+            idle.io_ticks_ms,
+            "{from} -> {to}: io_ticks grew on an idle disk"
+        );
+        // The next write is in flight, and counted so.
+        null.hold(true);
+        q.submit_bio(Bio::write(8, IoBuf::zeroed(4096)).with_end_io(w.clone()))
+            .unwrap();
+        assert_eq!(q.diskstats().in_flight, [0, 1], "{from} -> {to}");
+        null.hold(false);
+        w.wait_n(1);
+    }
+}
+
+#[test]
+fn a_request_started_with_iostats_off_is_not_counted_when_they_come_on() {
+    let ms = 1_000_000u64;
+    let (clock, dev, q) = manual_null_queue(IoStatsMode::Off);
+    let null = dev.as_any().downcast_ref::<NullDevice>().unwrap();
+    null.hold(true);
+    let w = BioWait::new();
+    q.submit_bio(Bio::write(0, IoBuf::zeroed(4096)).with_end_io(w.clone()))
+        .unwrap();
+    q.set_iostats(IoStatsMode::Tags);
+    clock.advance(10 * ms);
+    null.hold(false);
+    w.wait_n(1);
+    // Counting it would take its start as the clock's zero: 1000 s of write ticks.
+    let d = q.diskstats();
+    assert_eq!((d.ios[1], d.nsecs[1]), (0, 0), "{d:?}");
+    // A write started with iostats on is counted, from its start.
+    null.hold(true);
+    q.submit_bio(Bio::write(8, IoBuf::zeroed(4096)).with_end_io(w.clone()))
+        .unwrap();
+    clock.advance(10 * ms);
+    null.hold(false);
+    w.wait_n(1);
+    let d = q.diskstats();
+    assert_eq!((d.ios[1], d.ticks_ms(1)), (1, 10), "{d:?}");
+}
+
+#[test]
+fn a_preflush_write_counts_its_flush_but_leaves_in_flight_alone() {
+    // The flush half of a PREFLUSH write is counted at completion only: it was never
+    // started, so it must not count a request out of flight.
+    let dev = dev::open("null,hw_queues=1", RealClock::new()).unwrap();
+    let q = RequestQueue::new(
+        dev.clone(),
+        QueueConfig {
+            iostats: IoStatsMode::Atomic,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let null = dev.as_any().downcast_ref::<NullDevice>().unwrap();
+    q.write_sync(0, IoBuf::zeroed(4096), BioFlags::PREFLUSH)
+        .unwrap();
+    assert_eq!(q.diskstats().flushes(), 1);
+    null.hold(true);
+    let w = BioWait::new();
+    q.submit_bio(Bio::read(8, 4096).with_end_io(w.clone()))
+        .unwrap();
+    assert_eq!(q.diskstats().in_flight, [1, 0]);
+    null.hold(false);
+    w.wait_n(1);
+    assert_eq!(q.diskstats().in_flight, [0, 0]);
 }
 
 #[test]

@@ -2,9 +2,12 @@
 //! back identical, and device faults reach the bios' completions.
 
 use std::sync::Arc;
-use wbstack::block::{Bio, BioFlags, BioWait, BlkError, Plug, QueueConfig, RequestQueue};
+use std::time::{Duration, Instant};
+use wbstack::block::{
+    Bio, BioFlags, BioWait, BlkError, BlkResult, Plug, QueueConfig, RequestQueue,
+};
 use wbstack::buf::IoBuf;
-use wbstack::clock::RealClock;
+use wbstack::clock::{ManualClock, RealClock};
 use wbstack::dev::{self, sim::SimDevice};
 
 fn pattern(len: usize, seed: u64) -> IoBuf {
@@ -222,7 +225,7 @@ fn polling_thread_waits_in_the_block_layer_through_its_own_ring() {
 struct ToChannel(std::sync::Mutex<std::sync::mpsc::Sender<bool>>);
 
 impl wbstack::block::BioEndIo for ToChannel {
-    fn end_io(&self, _bio: Bio, status: wbstack::block::BlkResult) {
+    fn end_io(&self, _bio: Bio, status: BlkResult) {
         // The receiver outlives every bio of the test.
         self.0
             .lock()
@@ -287,4 +290,72 @@ fn concurrent_submitters_on_the_shared_ring_lose_no_request() {
         "no thread polled: one shared ring"
     );
     assert_eq!(u.in_flight(), 0);
+}
+
+/// A bio's completion that drops the last reference to its queue (and so to the
+/// device), on the device's own completion thread.
+struct DropQueueInCompletion {
+    q: std::sync::Mutex<Option<Arc<RequestQueue>>>,
+    was_last: std::sync::atomic::AtomicBool,
+}
+
+impl wbstack::block::BioEndIo for DropQueueInCompletion {
+    fn end_io(&self, _bio: Bio, _status: BlkResult) {
+        let q = self.q.lock().unwrap().take().expect("completed once");
+        let last = Arc::strong_count(&q) == 1 && Arc::strong_count(q.device()) == 1;
+        self.was_last
+            .store(last, std::sync::atomic::Ordering::SeqCst);
+        drop(q);
+    }
+}
+
+#[test]
+fn a_device_dropped_in_its_own_completion_still_ends_every_request() {
+    // The null device's completion thread completes A and B together; A's completion
+    // drops the device, whose completion timer cannot join its own thread: the thread
+    // must still complete B, and fail C, which is not due yet.
+    let ms = 1_000_000;
+    let clock = ManualClock::new(0);
+    let q = RequestQueue::open(
+        "null,completion_nsec=1ms",
+        QueueConfig {
+            clock: clock.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dropper = Arc::new(DropQueueInCompletion {
+        q: std::sync::Mutex::new(None),
+        was_last: Default::default(),
+    });
+    let w = BioWait::new();
+    q.submit_bio(Bio::read(0, 4096).with_end_io(dropper.clone()))
+        .unwrap();
+    q.submit_bio(Bio::read(8, 4096).with_end_io(w.clone()))
+        .unwrap();
+    clock.advance(ms / 2);
+    q.submit_bio(Bio::read(16, 4096).with_end_io(w.clone()))
+        .unwrap();
+    *dropper.q.lock().unwrap() = Some(q);
+    clock.advance(ms / 2);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while w.completed() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of the two other requests ended",
+            w.completed()
+        );
+        std::thread::yield_now();
+    }
+    let mut done: Vec<(u64, BlkResult)> = w
+        .wait_n(2)
+        .into_iter()
+        .map(|(b, s)| (b.sector, s))
+        .collect();
+    done.sort_by_key(|d| d.0);
+    assert_eq!(done, vec![(8, Ok(())), (16, Err(BlkError::Io))]);
+    assert!(
+        dropper.was_last.load(std::sync::atomic::Ordering::SeqCst),
+        "the completion did not hold the last reference"
+    );
 }

@@ -424,6 +424,83 @@ fn fsync_work_writes_only_its_range_and_waits() {
     v.bdi.fsync_range(7, 0, u64::MAX).wait().unwrap();
 }
 
+/// The test filesystem, counting the times a thread is about to sleep until pages
+/// leave writeback: how a test knows an fsync is waiting for a write.
+struct WaitCounting {
+    fs: Arc<wbstack::testfs::TestFs>,
+    waits: AtomicU64,
+}
+
+impl wbstack::mm::AddressSpaceOps for WaitCounting {
+    fn map_write(
+        &self,
+        ino: u64,
+        index: u64,
+        n: u64,
+    ) -> Result<Vec<(u64, u64)>, wbstack::block::BlkError> {
+        self.fs.map_write(ino, index, n)
+    }
+    fn map_read(
+        &self,
+        ino: u64,
+        index: u64,
+        n: u64,
+    ) -> Result<Vec<(Option<u64>, u64)>, wbstack::block::BlkError> {
+        self.fs.map_read(ino, index, n)
+    }
+    fn writeback_wait(&self, _ino: u64) {
+        self.waits.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn fsync_waits_for_writeback_started_before_it_and_reports_its_error() {
+    // Once a WB_SYNC_NONE pass has written an inode's only dirty page the inode is
+    // clean, so it has left the writeback lists, while its page is still under
+    // writeback: its fsync must still wait for that write, and report its failure.
+    let v = volume(
+        "sim:ssd,size=64M",
+        CacheConfig::default(),
+        quiet_wb(true),
+        16,
+    );
+    let sim = v.q.device().as_any().downcast_ref::<SimDevice>().unwrap();
+    for (ino, fails) in [(1u64, false), (2, true)] {
+        let ops = Arc::new(WaitCounting {
+            fs: v.fs.clone(),
+            waits: AtomicU64::new(0),
+        });
+        let f = wbstack::mm::Mapping::new(ino, 0, v.bdi.clone(), ops.clone());
+        f.write_at(0, &page(ino, 0)).unwrap();
+        if fails {
+            let sector = ino * 16 * 8;
+            sim.inject_eio(sector..sector + 8, false, true);
+        }
+        sim.hold(true);
+        v.bdi.start_writeback().wait().unwrap();
+        wait_for("the write to reach the device", || sim.pending() == 1);
+        assert_eq!((v.bdi.nr_dirty(), v.bdi.nr_writeback()), (0, 1));
+
+        let h = v.bdi.fsync_range(ino, 0, u64::MAX);
+        wait_for("the fsync to wait for the write, or to return", || {
+            ops.waits.load(Ordering::SeqCst) > 0 || h.is_done()
+        });
+        assert!(
+            !h.is_done(),
+            "inode {ino}: fsync returned with its write in flight"
+        );
+        sim.hold(false);
+        let r = h.wait();
+        assert_eq!(v.bdi.nr_writeback(), 0, "inode {ino}: fsync returned early");
+        if fails {
+            assert_eq!(r, Err(wbstack::block::BlkError::Io), "the write's error");
+            sim.clear_faults();
+        } else {
+            r.unwrap();
+        }
+    }
+}
+
 #[test]
 fn a_pass_emits_the_kernels_trace_events_as_json_lines() {
     let v = volume(

@@ -1,5 +1,6 @@
 //! Bios (what upper layers submit) and requests (what devices execute).
 
+use super::stats::IoStatsMode;
 use crate::buf::IoBuf;
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -231,6 +232,11 @@ pub struct Request {
     pub tag: u32,
     /// When accounting started (request creation), for diskstats' ticks.
     pub start_ns: u64,
+    /// How the request is accounted, decided with `start_ns` at its creation (the
+    /// kernel's RQF_IO_STAT): its start and completion are counted the same way
+    /// whatever `iostats` says meanwhile, or an in-flight count would never come back
+    /// down and ticks would be measured from a stamp never taken.
+    pub io_stat: IoStatsMode,
     /// When the request was handed to the device, for service-latency stats (wbt).
     pub io_start_ns: u64,
     /// Set when a size or segment check failed: never try to merge into it again.
@@ -257,6 +263,7 @@ impl Request {
             hctx: 0,
             tag: 0,
             start_ns: 0,
+            io_stat: IoStatsMode::Off,
             io_start_ns: 0,
             nomerge: flags.no_merge(),
             qos_flags: 0,

@@ -7,7 +7,7 @@
 //! 32 requests (64 when they span several queues), and a plug whose last request has
 //! reached 128 KiB is flushed before another request is added.
 
-use super::bio::{Bio, Request};
+use super::bio::{Bio, BioFlags, Request};
 use super::queue::RequestQueue;
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -153,6 +153,12 @@ enum Merge {
 fn try_merge_rq(q: &RequestQueue, rq: &mut Request, bio: &mut Option<Bio>) -> Merge {
     let b = bio.as_ref().unwrap();
     if rq.nomerge || rq.op != b.op || b.flags.no_merge() {
+        return Merge::No;
+    }
+    // A request carries one set of flags, its first bio's, and a device may act on
+    // META (`sim:...,data=meta` keeps only META writes): a bio of the other kind
+    // merged in would be treated as that kind.
+    if rq.flags.contains(BioFlags::META) != b.flags.contains(BioFlags::META) {
         return Merge::No;
     }
     let back = rq.end_sector() == b.sector;

@@ -145,7 +145,7 @@ impl QueueCore {
 
 impl RqComplete for QueueCore {
     fn complete(&self, mut rq: Request, status: BlkResult) {
-        let mode = self.stats.mode();
+        let mode = rq.io_stat;
         let mut coarse = None;
         if mode != IoStatsMode::Off {
             let now = self.clock.coarse_ns();
@@ -157,7 +157,7 @@ impl RqComplete for QueueCore {
             // (blk-flush), and diskstats counts that flush (fields 15-16): so do we, or
             // an fsync's flush would vanish from iostat and the lab's flush counts.
             if rq.op == Op::Write && rq.flags.contains(BioFlags::PREFLUSH) {
-                self.stats.done(mode, Op::Flush, 0, nsecs);
+                self.stats.done_preflush(mode, nsecs);
             }
         }
         let wbt_flags = rq.wbt_flags;
@@ -318,6 +318,8 @@ impl RequestQueue {
     pub fn iostats(&self) -> IoStatsMode {
         self.core.stats.mode()
     }
+    /// Switch the accounting mode for requests created from now on; those already
+    /// created finish the way they started (`Request::io_stat`).
     pub fn set_iostats(&self, m: IoStatsMode) {
         self.core.stats.set_mode(m);
     }
@@ -464,7 +466,8 @@ impl RequestQueue {
         } else {
             bio
         };
-        let stats_on = self.core.stats.mode() != IoStatsMode::Off;
+        let io_stat = self.core.stats.mode();
+        let stats_on = io_stat != IoStatsMode::Off;
         let wbt_on = self.core.wbt.enabled();
         // One coarse read serves both accounting and wbt's read stamps.
         let mut start_ns = if stats_on || wbt_on {
@@ -492,6 +495,7 @@ impl RequestQueue {
         rq.wbt_flags = wbt_flags;
         if stats_on {
             rq.start_ns = start_ns;
+            rq.io_stat = io_stat;
         }
         if plugged && !ordered {
             plug::add(self.clone(), rq);
@@ -565,7 +569,7 @@ impl RequestQueue {
         TAG_HINT.with(|c| c.set(tag));
         rq.hctx = h;
         rq.tag = tag;
-        let mode = core.stats.mode();
+        let mode = rq.io_stat;
         if mode != IoStatsMode::Off {
             // Fold time in before this request counts as in flight. The request's own
             // creation stamp serves: a stale time only makes the once-per-tick gate

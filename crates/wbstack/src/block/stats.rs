@@ -202,10 +202,14 @@ impl StatsState {
 
     /// The shared in-flight pair of the `atomic` mode.
     pub fn atomic_in_flight(&self) -> [u64; 2] {
-        [
-            self.shared_in_flight[0].load(Ordering::Relaxed).max(0) as u64,
-            self.shared_in_flight[1].load(Ordering::Relaxed).max(0) as u64,
-        ]
+        let n = |i: usize| {
+            let v = self.shared_in_flight[i].load(Ordering::Relaxed);
+            // Every decrement is a request counted in at its start, and its completion
+            // comes after its start in the counter's order.
+            debug_assert!(v >= 0, "atomic in-flight count {v} below zero");
+            v.max(0) as u64
+        };
+        [n(0), n(1)]
     }
 
     /// A request was handed to the driver.
@@ -219,13 +223,28 @@ impl StatsState {
     /// A request completed.
     #[inline]
     pub fn done(&self, mode: IoStatsMode, op: Op, nr_sectors: u32, nsecs: u64) {
+        if mode == IoStatsMode::Atomic {
+            self.shared_in_flight[op.is_write() as usize].fetch_sub(1, Ordering::Relaxed);
+        }
+        self.count(mode, op, nr_sectors, nsecs);
+    }
+
+    /// The flush of a completed PREFLUSH write, which the kernel splits off as a
+    /// request of its own (blk-flush): counted, but never started here, so it leaves
+    /// the in-flight count alone.
+    #[inline]
+    pub fn done_preflush(&self, mode: IoStatsMode, nsecs: u64) {
+        self.count(mode, Op::Flush, 0, nsecs);
+    }
+
+    #[inline]
+    fn count(&self, mode: IoStatsMode, op: Op, nr_sectors: u32, nsecs: u64) {
         let g = op.stat_group();
         if mode == IoStatsMode::Atomic {
             let c = &self.shared;
             c.ios[g].fetch_add(1, Ordering::Relaxed);
             c.sectors[g].fetch_add(nr_sectors as u64, Ordering::Relaxed);
             c.nsecs[g].fetch_add(nsecs, Ordering::Relaxed);
-            self.shared_in_flight[op.is_write() as usize].fetch_sub(1, Ordering::Relaxed);
         } else {
             let sh = my_shard();
             let c = &self.shards[sh];

@@ -577,7 +577,14 @@ impl RqWb {
     #[inline]
     pub fn inc_below(&self, rwq: usize, limit: u32) -> bool {
         let a = &self.inflight[rwq];
-        let mut cur = a.load(Ordering::Relaxed);
+        // SeqCst loads, the failed exchange's too: a first sleeper stores `sleepers`
+        // and then tries here again, while a completion drops `inflight` and then
+        // looks at `sleepers` (store-buffer pattern). Only with all four in the single
+        // SeqCst order must one side see the other's write; with a relaxed load here,
+        // a weakly ordered CPU may let the sleeper see the old count while the
+        // completion sees no sleeper, and nobody wakes it. On x86 the loads cost
+        // nothing more.
+        let mut cur = a.load(Ordering::SeqCst);
         loop {
             if cur >= limit {
                 if !self.limited.load(Ordering::Relaxed) {
@@ -585,7 +592,7 @@ impl RqWb {
                 }
                 return false;
             }
-            match a.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::Relaxed) {
+            match a.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => return true,
                 Err(c) => cur = c,
             }
@@ -679,7 +686,13 @@ impl RqWb {
         if self.sync_cookie.load(Ordering::Acquire) == 0 {
             return 0;
         }
-        now.saturating_sub(self.sync_issue.load(Ordering::Acquire))
+        // The cookie is published before the stamp and retired after it is cleared:
+        // between the two there is no start to measure from, and measuring from 0
+        // would judge the window by the whole clock.
+        match self.sync_issue.load(Ordering::Acquire) {
+            0 => 0,
+            issue => now.saturating_sub(issue),
+        }
     }
 
     /// Start a window: its length from the current step (rwb_arm_timer).
@@ -979,6 +992,8 @@ impl Shared {
     /// Give back a slot of a tracked request and wake whoever it lets in.
     fn put(&self, wb_acct: u8, now: u64) {
         let rwq = rwq_index(wb_acct);
+        // SeqCst after rqw_done's SeqCst decrement, against a sleeper's store and
+        // retry (see `RqWb::inc_below`).
         let wake = self.rwb.rqw_done(
             wb_acct,
             || self.recent_wait(now),
@@ -1396,6 +1411,21 @@ mod tests {
             r.arm_window();
         }
         out
+    }
+
+    #[test]
+    fn a_watched_read_without_its_start_stamp_is_not_judged() {
+        // read_issued publishes the cookie before the stamp, and read_done clears the
+        // stamp before the cookie: a window ending in between sees a cookie and no start.
+        let r = nvme();
+        r.sync_cookie.store(7, Ordering::Release);
+        let out = r.timer_fn(1000 * NSEC_PER_SEC, &[none(), none()], false);
+        assert_ne!(out.status, Some(LatStatus::Exceeded), "{out:?}");
+        assert_eq!(out.lat_nsec, None);
+        // Once stamped, a read at the device for longer than the window is.
+        r.sync_issue.store(1000 * NSEC_PER_SEC, Ordering::Release);
+        let out = r.timer_fn(1000 * NSEC_PER_SEC + 200 * MS, &[none(), none()], false);
+        assert_eq!(out.status, Some(LatStatus::Exceeded), "{out:?}");
     }
 
     #[test]

@@ -120,7 +120,13 @@ impl CompletionTimer {
 
     /// Complete everything pending with `err`, without moving data (power cut).
     pub fn fail_all(&self, err: BlkError) {
-        let entries: Vec<Entry> = std::mem::take(&mut self.inner.state.lock().heap).into_vec();
+        self.inner.fail_all(err);
+    }
+}
+
+impl Inner {
+    fn fail_all(&self, err: BlkError) {
+        let entries: Vec<Entry> = std::mem::take(&mut self.state.lock().heap).into_vec();
         for e in entries {
             e.done.complete(e.rq, Err(err.clone()));
         }
@@ -132,9 +138,17 @@ impl Drop for CompletionTimer {
         self.inner.state.lock().stop = true;
         self.inner.waiter.kick();
         if let Some(t) = self.thread.lock().take() {
+            if t.thread().id() == std::thread::current().id() {
+                // Dropped from a completion callback (it held the last reference to the
+                // device): the thread cannot wait for itself. It goes on with the
+                // requests it took off the heap with this one, then sees `stop` and
+                // fails the rest itself, outside any callback.
+                return;
+            }
             let _ = t.join();
         }
-        // Nobody may wait forever on a request of a device that is gone.
+        // Nobody may wait forever on a request of a device that is gone (the thread
+        // has failed them, unless a callback's panic killed it first).
         self.fail_all(BlkError::Io);
     }
 }
@@ -145,6 +159,8 @@ fn run(inner: &Inner) {
         let deadline = {
             let mut st = inner.state.lock();
             if st.stop {
+                drop(st);
+                inner.fail_all(BlkError::Io);
                 return;
             }
             if st.held {

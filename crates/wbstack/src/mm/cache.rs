@@ -1311,6 +1311,11 @@ impl Mapping {
     /// after it, whichever; per-file reporting is errseq's (see `wb_err`).
     pub fn write_and_wait(&self, start: u64, end: u64) -> BlkResult {
         self.write_and_wait_keep_errors(start, end)?;
+        self.check_errors()
+    }
+
+    /// filemap_check_errors: take the legacy error bit.
+    fn check_errors(&self) -> BlkResult {
         match self.inner.lock().as_err.take() {
             Some(libc::ENOSPC) => Err(BlkError::NoSpace),
             Some(_) => Err(BlkError::Io),
@@ -1350,6 +1355,9 @@ impl WbInode for Mapping {
     }
     fn under_writeback(&self) -> bool {
         self.inner.lock().nr_wb > 0
+    }
+    fn check_errors(&self) -> BlkResult {
+        Mapping::check_errors(self)
     }
 }
 

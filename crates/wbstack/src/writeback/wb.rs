@@ -100,6 +100,11 @@ pub trait WbInode: Send + Sync {
     fn under_writeback(&self) -> bool {
         false
     }
+    /// filemap_check_errors: the error a write of the inode met since the last check,
+    /// cleared as it is returned.
+    fn check_errors(&self) -> BlkResult {
+        Ok(())
+    }
 }
 
 /// A job for the flusher thread (see [`Bdi::queue_job`]).
@@ -509,10 +514,22 @@ impl Bdi {
     }
 
     /// writeback_single_inode with WB_SYNC_ALL: wait for I_SYNC, write the range's pages
-    /// tagged now, wait for them, and put the inode back where it belongs.
+    /// tagged now, wait for them, and put the inode back where it belongs; then report
+    /// a write error the inode met, as filemap_write_and_wait_range does.
     fn fsync_work(&self, ino: u64, range: Option<(u64, u64)>) -> BlkResult {
         let Some(inode) = self.inodes.lock().get(&ino).cloned() else {
-            return Ok(()); // clean: nothing to write
+            // Clean, but an inode leaves `inodes` once its pages are no longer dirty,
+            // which is while they may still be under writeback (kupdate, background,
+            // start_writeback wrote them without waiting): those writes are the
+            // fsync's too.
+            let inode = self.wb_inodes.lock().get(&ino).and_then(Weak::upgrade);
+            return match inode {
+                Some(inode) => {
+                    inode.wait_writeback_all();
+                    inode.check_errors()
+                }
+                None => Ok(()),
+            };
         };
         while !self.lists.lock().try_begin_sync(ino, self.clock.now_ns()) {
             crate::block::flush_plug();
@@ -535,7 +552,7 @@ impl Bdi {
             "writeback_single_inode",
             || json!({"ino": ino, "wrote": wbc.written, "fsync": true}),
         );
-        r
+        r.and(inode.check_errors())
     }
 
     fn wb_writeback(&self, item: &WorkItem) -> BlkResult {
