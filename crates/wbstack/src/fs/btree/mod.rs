@@ -72,6 +72,10 @@ pub enum TreeError {
     NoSpace(String),
     #[error("an empty key (keys are at least one byte)")]
     EmptyKey,
+    /// A state the tree's own code must never reach (a bug), reported instead of
+    /// written.
+    #[error("the tree broke its own invariant: {0}")]
+    Invariant(String),
 }
 
 pub type TreeResult<T> = Result<T, TreeError>;
@@ -923,7 +927,7 @@ fn write_in(
         }
     }
     let block = alloc()?;
-    let bytes = node.encode(fs_id, seq, block, node_size);
+    let bytes = node.encode(fs_id, seq, block, node_size)?;
     let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
     // The node in memory goes here: from now on it is its bytes, in the caller's hands.
     *link = Link::Clean(ChildPtr { block, crc, seq });
