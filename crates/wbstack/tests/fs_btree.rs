@@ -574,6 +574,63 @@ fn nodes_on_a_device_are_read_once_then_from_a_bounded_cache() {
     assert!(stray.read(50).is_err());
 }
 
+/// Wait until `n` requests are held inside the simulated device of `q`.
+fn held_in_device(q: &Arc<RequestQueue>, n: usize) {
+    let t0 = std::time::Instant::now();
+    while common::sim(q).pending() < n {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the read never reached the device"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// A reader of an older root (no tree lock) reads nodes the cache does not hold; while
+/// its reads are in the device, a checkpoint frees a block among them (`forget`). The
+/// reader gets its bytes, but they must not come back into the cache: the next
+/// checkpoint may write a new node there, and later readers would be served the old.
+#[test]
+fn a_read_in_flight_when_its_block_is_forgotten_leaves_it_uncached() {
+    let q = common::queue("sim:ssd,size=64M");
+    let area = 100..16384;
+    DeviceStore::new(q.clone(), 4096, area.clone(), 1 << 20)
+        .write((101..104).map(|b| (b, vec![b as u8; 4096])).collect())
+        .unwrap();
+    // A cold cache: every read goes to the device.
+    let store = DeviceStore::new(q.clone(), 4096, area, 1 << 20);
+    std::thread::scope(|s| {
+        common::sim(&q).hold(true);
+        let reader = s.spawn(|| store.read(101));
+        held_in_device(&q, 1);
+        store.forget(101);
+        common::sim(&q).hold(false);
+        assert_eq!(reader.join().unwrap().unwrap(), vec![101; 4096]);
+    });
+    assert_eq!(store.stats().cached_bytes, 0, "a forgotten block came back");
+    // Read ahead: the block forgotten stays out, its neighbour comes in.
+    std::thread::scope(|s| {
+        common::sim(&q).hold(true);
+        let reader = s.spawn(|| store.prefetch(&[102, 103]));
+        held_in_device(&q, 1);
+        store.forget(102);
+        common::sim(&q).hold(false);
+        reader.join().unwrap();
+    });
+    assert_eq!(
+        store.stats().cached_bytes,
+        4096,
+        "the block forgotten came back with its neighbour"
+    );
+    let misses = store.stats().misses;
+    assert_eq!(store.read(103).unwrap(), vec![103; 4096]);
+    assert_eq!(
+        store.stats().misses,
+        misses,
+        "the neighbour read ahead is cached"
+    );
+}
+
 #[test]
 fn a_batch_of_changes_reads_its_leaves_ahead_together() {
     let area = 100..60000;
