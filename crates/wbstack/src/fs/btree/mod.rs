@@ -72,6 +72,10 @@ pub enum TreeError {
     NoSpace(String),
     #[error("an empty key (keys are at least one byte)")]
     EmptyKey,
+    /// A state the tree's own code must never reach (a bug), reported instead of
+    /// written.
+    #[error("the tree broke its own invariant: {0}")]
+    Invariant(String),
 }
 
 pub type TreeResult<T> = Result<T, TreeError>;
@@ -168,6 +172,12 @@ impl Tree {
     /// Nodes `write_dirty` would write now (so a caller can take their blocks at once).
     pub fn dirty_nodes(&self) -> usize {
         self.root.as_ref().map_or(0, count_dirty)
+    }
+
+    /// The bytes the largest node in memory encodes to, which must never pass the node
+    /// size: the tests check it after every change, before any write would refuse it.
+    pub fn largest_dirty_node_bytes(&self) -> usize {
+        self.root.as_ref().map_or(0, largest_dirty)
     }
 
     /// Whether anything changed since the last `write_dirty`.
@@ -303,9 +313,13 @@ impl Tree {
                 entries: Entries::Leaf(Leaf::new()),
             }))
         });
-        let mut parts = insert_sorted_in(&cx, &mut self.freed, root, self.level, kvs)?;
-        // The root split (into several, maybe): a level above, itself split until it
-        // fits.
+        let parts = insert_sorted_in(&cx, &mut self.freed, root, self.level, kvs)?;
+        self.grow_root(parts)
+    }
+
+    /// The root split into itself and `parts` (several, maybe): a level above, itself
+    /// split until it fits.
+    fn grow_root(&mut self, mut parts: Vec<SplitOff>) -> TreeResult<()> {
         while !parts.is_empty() {
             if self.level >= MAX_LEVEL {
                 return Err(
@@ -334,7 +348,8 @@ impl Tree {
         }
         let cx = self.cx(store);
         let root = self.root.as_mut().expect("a key was found");
-        let old = remove_in(&cx, &mut self.freed, root, self.level, key)?;
+        let (old, parts) = remove_in(&cx, &mut self.freed, root, self.level, key)?;
+        self.grow_root(parts)?;
         // A root left with one child hands the tree to it; an empty leaf root goes.
         while let Some(Link::Dirty(n)) = &mut self.root {
             match &mut n.entries {
@@ -743,34 +758,47 @@ fn split_point(sizes: impl ExactSizeIterator<Item = usize>, half: usize) -> usiz
 }
 
 /// Remove `key` (known present) from the subtree at `link`, rebalancing a child that
-/// became too small with a sibling.
+/// became too small with a sibling; returns the old value and the nodes split off
+/// after this one, in order, if it no longer fits.
 fn remove_in(
     cx: &Cx,
     freed: &mut Vec<u64>,
     link: &mut Link,
     level: u8,
     key: &[u8],
-) -> TreeResult<Option<Vec<u8>>> {
+) -> TreeResult<(Option<Vec<u8>>, Vec<SplitOff>)> {
     let node = dirty(cx, freed, link, level)?;
-    match &mut node.entries {
-        Entries::Leaf(e) => Ok(e.search(key).ok().map(|i| e.remove(i))),
+    let old = match &mut node.entries {
+        Entries::Leaf(e) => return Ok((e.search(key).ok().map(|i| e.remove(i)), Vec::new())),
         Entries::Inner(e) => {
             let i = child_index(e, key);
-            let old = remove_in(cx, freed, &mut e[i].1, level - 1, key)?;
+            let (old, parts) = remove_in(cx, freed, &mut e[i].1, level - 1, key)?;
+            let mut grown = !parts.is_empty();
+            e.splice(i + 1..i + 1, parts.into_iter().map(SplitOff::into_child));
             let small = match &e[i].1 {
                 Link::Dirty(c) => c.is_empty() || c.encoded_len() < cx.node_size / 4,
                 Link::Clean(_) => false,
             };
             if small && e.len() > 1 {
                 rebalance(cx, freed, e, i, level - 1)?;
+                grown = true;
             }
-            Ok(old)
+            // A rebalance below may put a separator here in place of a shorter one
+            // (dirent keys run from 10 to 273 bytes), and a child's split adds one: a
+            // node near full then passes its size, and splits as an insert's would.
+            // Untouched, it only shrank, and its size is not worth summing.
+            if !grown {
+                return Ok((old, Vec::new()));
+            }
+            old
         }
-    }
+    };
+    Ok((old, split_to_fit(node, cx.node_size)))
 }
 
 /// Merge child `i` of `e` with a sibling, or share their entries out evenly when both do
-/// not fit one node.
+/// not fit one node. `e` may then be larger than before (the new separator longer than
+/// the one removed): the caller splits it.
 fn rebalance(
     cx: &Cx,
     freed: &mut Vec<u64>,
@@ -805,11 +833,22 @@ fn rebalance(
             )
         }
     }
-    if left.encoded_len() > cx.node_size {
-        let (sep, right) = split_node(left);
-        e.insert(l + 1, (sep, Link::Dirty(Box::new(right))));
-    }
+    let parts = split_to_fit(left, cx.node_size);
+    e.splice(l + 1..l + 1, parts.into_iter().map(SplitOff::into_child));
     Ok(())
+}
+
+fn largest_dirty(l: &Link) -> usize {
+    match l {
+        Link::Clean(_) => 0,
+        Link::Dirty(n) => match &n.entries {
+            Entries::Inner(e) => e
+                .iter()
+                .map(|(_, c)| largest_dirty(c))
+                .fold(n.encoded_len(), usize::max),
+            Entries::Leaf(_) => n.encoded_len(),
+        },
+    }
 }
 
 fn count_dirty(l: &Link) -> usize {
@@ -888,7 +927,7 @@ fn write_in(
         }
     }
     let block = alloc()?;
-    let bytes = node.encode(fs_id, seq, block, node_size);
+    let bytes = node.encode(fs_id, seq, block, node_size)?;
     let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
     // The node in memory goes here: from now on it is its bytes, in the caller's hands.
     *link = Link::Clean(ChildPtr { block, crc, seq });
@@ -935,4 +974,104 @@ fn check_in(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    const FS_ID: u64 = 0x5eed;
+
+    /// Nodes as written, by block.
+    #[derive(Default)]
+    struct MemStore(RefCell<HashMap<u64, Vec<u8>>>);
+
+    impl NodeStore for MemStore {
+        fn read(&self, block: u64) -> TreeResult<Vec<u8>> {
+            self.0.borrow().get(&block).cloned().ok_or(TreeError::Io {
+                block,
+                why: "never written".into(),
+            })
+        }
+    }
+
+    fn leaf(kvs: &[(&[u8], &[u8])]) -> Link {
+        Link::Dirty(Box::new(Node {
+            level: 0,
+            entries: Entries::Leaf(Leaf::from_sorted(kvs.iter().copied())),
+        }))
+    }
+
+    /// Write every dirty node to fresh blocks of `store`; the root written.
+    fn write(t: &mut Tree, store: &MemStore) -> Option<Root> {
+        let mut next = store.0.borrow().keys().max().copied().unwrap_or(0);
+        let w = t
+            .write_dirty(
+                1,
+                &mut || {
+                    next += 1;
+                    Ok(next)
+                },
+                &mut |b, bytes| {
+                    store.0.borrow_mut().insert(b, bytes);
+                    Ok(())
+                },
+            )
+            .unwrap();
+        w.root
+    }
+
+    /// The reviewer's case: a merge of two leaves that does not fit one node splits
+    /// again at a key far longer than the separator it replaced, and the parent, near
+    /// full, grows past its node. It must split as an insert's would, not be written
+    /// cut short (release) or trip the encoder's assertion (debug).
+    #[test]
+    fn a_rebalance_that_lengthens_a_separator_splits_the_parent_it_overfills() {
+        const NODE_BYTES: usize = 512;
+        let a: Vec<(Vec<u8>, Vec<u8>)> = (1..=4)
+            .map(|i| (format!("a{i}").into_bytes(), vec![i; 10]))
+            .collect();
+        // Six 70-byte keys between "b" and "c", empty values: 479 bytes.
+        let b: Vec<(Vec<u8>, Vec<u8>)> = (0..6)
+            .map(|i| (format!("b{}{i}", "x".repeat(68)).into_bytes(), Vec::new()))
+            .collect();
+        fn refs(kvs: &[(Vec<u8>, Vec<u8>)]) -> Vec<(&[u8], &[u8])> {
+            kvs.iter().map(|(k, v)| (&k[..], &v[..])).collect()
+        }
+        let mut e = vec![
+            (Vec::new(), leaf(&refs(&a))),
+            (b"b".to_vec(), leaf(&refs(&b))),
+        ];
+        for c in b'c'..=b't' {
+            e.push((vec![c], leaf(&[(&[c][..], &[][..])])));
+        }
+        let root = Node {
+            level: 1,
+            entries: Entries::Inner(e),
+        };
+        assert_eq!(root.encoded_len(), 494);
+        let mut t = Tree::new(FS_ID, NODE_BYTES);
+        t.root = Some(Link::Dirty(Box::new(root)));
+        t.level = 1;
+        let store = MemStore::default();
+
+        // a1 leaves A small: merged with B it is 527 bytes, split again at B's fourth
+        // key (70 bytes) where "b" (1 byte) was: the root would be 563 bytes.
+        assert_eq!(t.remove(&store, b"a1").unwrap(), Some(vec![1; 10]));
+        assert!(
+            t.largest_dirty_node_bytes() <= NODE_BYTES,
+            "a node of {} bytes",
+            t.largest_dirty_node_bytes()
+        );
+        assert_eq!(t.level, 2, "the root split, growing the tree");
+        let t = Tree::open(FS_ID, NODE_BYTES, write(&mut t, &store)).unwrap();
+        t.check(&store).unwrap();
+        assert_eq!(t.get(&store, b"t").unwrap(), Some(Vec::new()));
+        assert_eq!(t.get(&store, b"a1").unwrap(), None);
+        for (k, v) in a[1..].iter().chain(&b) {
+            assert_eq!(t.get(&store, k).unwrap().as_ref(), Some(v));
+        }
+    }
 }

@@ -12,6 +12,7 @@
 //! block pointer catch it.
 
 use super::leaf::Leaf;
+use super::TreeError;
 use crate::fs::format::{crc, FormatError};
 
 pub const NODE_MAGIC: u32 = 0x444e_4257; // "WBND"
@@ -81,9 +82,28 @@ impl Node {
             }
     }
 
-    /// The node's bytes; every child must be clean (written first).
-    pub fn encode(&self, fs_id: u64, seq: u64, block: u64, node_size: usize) -> Vec<u8> {
-        debug_assert!(self.encoded_len() <= node_size, "a node over its size");
+    /// The node's bytes; every child must be clean (written first). A node over
+    /// `node_size`, or with a child in memory, is the tree's own bug: an error, never
+    /// bytes cut short (or missing an entry) under a checksum that covers them, which
+    /// would make the durable tree undecodable.
+    pub fn encode(
+        &self,
+        fs_id: u64,
+        seq: u64,
+        block: u64,
+        node_size: usize,
+    ) -> Result<Vec<u8>, TreeError> {
+        let len_bytes = self.encoded_len();
+        if len_bytes > node_size {
+            debug_assert!(
+                false,
+                "a node of {len_bytes} bytes, over its size {node_size}"
+            );
+            return Err(TreeError::Invariant(format!(
+                "a level {} node of {len_bytes} bytes, over the node size {node_size}",
+                self.level
+            )));
+        }
         let mut b = Vec::with_capacity(node_size);
         b.extend_from_slice(&NODE_MAGIC.to_le_bytes());
         b.extend_from_slice(&[0; 4]);
@@ -105,7 +125,10 @@ impl Node {
                 for (k, l) in e {
                     let Link::Clean(p) = l else {
                         debug_assert!(false, "encoding a node with a dirty child");
-                        continue;
+                        return Err(TreeError::Invariant(format!(
+                            "a level {} node encoded before its child {k:02x?}",
+                            self.level
+                        )));
                     };
                     b.extend_from_slice(&(k.len() as u16).to_le_bytes());
                     b.extend_from_slice(k);
@@ -118,7 +141,7 @@ impl Node {
         b.resize(node_size, 0);
         let c = crc(&b[8..]);
         b[4..8].copy_from_slice(&c.to_le_bytes());
-        b
+        Ok(b)
     }
 
     /// The node `expect` points at, at `level`, from its `node_size` bytes. Total: any
@@ -263,5 +286,60 @@ impl<'a> Cursor<'a> {
         self.take(8)
             .and_then(|b| b.try_into().ok())
             .map_or(0, u64::from_le_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODE_BYTES: usize = 512;
+
+    // Debug builds stop at the assertion; release builds must see the error, never
+    // bytes cut to the node size under a checksum that covers the cut.
+    #[test]
+    #[cfg_attr(debug_assertions, should_panic(expected = "over its size"))]
+    fn a_node_over_its_size_is_an_error_never_bytes_cut_short() {
+        let keys: Vec<[u8; 2]> = (0..40u8).map(|i| [b'k', i]).collect();
+        let node = Node {
+            level: 0,
+            entries: Entries::Leaf(Leaf::from_sorted(
+                keys.iter().map(|k| (&k[..], &[7; 8][..])),
+            )),
+        };
+        assert!(node.encoded_len() > NODE_BYTES);
+        let got = node.encode(1, 1, 9, NODE_BYTES);
+        assert!(
+            matches!(got, Err(TreeError::Invariant(_))),
+            "{:?}",
+            got.map(|b| format!("{} bytes encoded", b.len()))
+        );
+    }
+
+    #[test]
+    #[cfg_attr(debug_assertions, should_panic(expected = "dirty child"))]
+    fn a_node_with_a_child_in_memory_is_an_error_never_a_node_missing_an_entry() {
+        let clean = ChildPtr {
+            block: 3,
+            crc: 0,
+            seq: 1,
+        };
+        let child = Node {
+            level: 0,
+            entries: Entries::Leaf(Leaf::from_sorted([(&b"b"[..], &b""[..])])),
+        };
+        let node = Node {
+            level: 1,
+            entries: Entries::Inner(vec![
+                (Vec::new(), Link::Clean(clean)),
+                (b"b".to_vec(), Link::Dirty(Box::new(child))),
+            ]),
+        };
+        let got = node.encode(1, 1, 9, NODE_BYTES);
+        assert!(
+            matches!(got, Err(TreeError::Invariant(_))),
+            "{:?}",
+            got.map(|b| format!("{} bytes encoded", b.len()))
+        );
     }
 }
