@@ -43,6 +43,20 @@ impl AddressSpaceOps for TestFs {
     }
 }
 
+/// No periodic writeback and thresholds out of reach: only explicit syncs write.
+pub fn quiet_wb(plug: bool) -> WbConfig {
+    WbConfig {
+        writeback_plug: plug,
+        dirty_writeback_centisecs: 0,
+        dirty: crate::mm::throttle::DirtyConfig {
+            dirty_bytes: 1 << 40,
+            dirty_background_bytes: 1 << 39,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
 /// A device, its queue, a page cache, writeback, and files of the test filesystem.
 pub struct TestVolume {
     pub q: Arc<RequestQueue>,

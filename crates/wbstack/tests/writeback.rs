@@ -10,7 +10,7 @@ use wbstack::clock::{ManualClock, NSEC_PER_SEC};
 use wbstack::dev::sim::SimDevice;
 use wbstack::mm::throttle::DirtyConfig;
 use wbstack::mm::{CacheConfig, PAGE_SIZE};
-use wbstack::testfs::TestVolume;
+use wbstack::testfs::{quiet_wb, TestVolume};
 use wbstack::writeback::WbConfig;
 
 fn page(ino: u64, i: u64) -> Vec<u8> {
@@ -29,20 +29,6 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 
 fn volume(spec: &str, cache: CacheConfig, wb: WbConfig, region: u64) -> TestVolume {
     TestVolume::open(spec, QueueConfig::default(), cache, wb, region).unwrap()
-}
-
-/// No periodic writeback and thresholds out of reach: only explicit syncs write.
-fn quiet_wb(plug: bool) -> WbConfig {
-    WbConfig {
-        writeback_plug: plug,
-        dirty_writeback_centisecs: 0,
-        dirty: DirtyConfig {
-            dirty_bytes: 1 << 40,
-            dirty_background_bytes: 1 << 39,
-            ..Default::default()
-        },
-        ..Default::default()
-    }
 }
 
 #[test]

@@ -1409,10 +1409,8 @@ mod read_gen_tests {
     use super::*;
     use crate::block::QueueConfig;
     use crate::dev::sim::SimDevice;
-    use crate::mm::throttle::DirtyConfig;
     use crate::mm::CacheConfig;
     use crate::testfs::TestVolume;
-    use crate::writeback::WbConfig;
     use std::time::{Duration, Instant};
 
     fn wait_for(what: &str, cond: impl Fn() -> bool) {
@@ -1441,15 +1439,7 @@ mod read_gen_tests {
             ra_max_pages: 0,
             ..Default::default()
         };
-        let wb = WbConfig {
-            dirty_writeback_centisecs: 0,
-            dirty: DirtyConfig {
-                dirty_bytes: 1 << 40,
-                dirty_background_bytes: 1 << 39,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let wb = crate::testfs::quiet_wb(true);
         let v =
             TestVolume::open("sim:ssd,size=64M", QueueConfig::default(), cache, wb, 64).unwrap();
         let sim = v.q.device().as_any().downcast_ref::<SimDevice>().unwrap();
