@@ -412,6 +412,23 @@ fn switching_iostats_with_io_in_flight_leaves_diskstats_sound() {
     }
 }
 
+/// A flush in flight is counted as the kernel counts it (op_is_write: a read), the
+/// same in either accounting mode.
+#[test]
+fn a_flush_in_flight_counts_alike_in_atomic_and_tags_modes() {
+    for mode in [IoStatsMode::Atomic, IoStatsMode::Tags] {
+        let (_clock, dev, q) = manual_null_queue(mode);
+        let null = dev.as_any().downcast_ref::<NullDevice>().unwrap();
+        null.hold(true);
+        let w = BioWait::new();
+        q.submit_bio(Bio::flush().with_end_io(w.clone())).unwrap();
+        assert_eq!(q.diskstats().in_flight, [1, 0], "{mode}");
+        null.hold(false);
+        w.wait_n(1);
+        assert_eq!(q.diskstats().in_flight, [0, 0], "{mode}");
+    }
+}
+
 #[test]
 fn a_request_started_with_iostats_off_is_not_counted_when_they_come_on() {
     let ms = 1_000_000u64;

@@ -592,9 +592,11 @@ impl RequestQueue {
                 }
             }
         }
+        // By op_is_write, as the kernel's blk_mq_in_flight_rw and the atomic count:
+        // a flush (REQ_OP_FLUSH, an even op) is in flight as a read.
         tags.set_state(
             tag,
-            if rq.op.is_write() || rq.op == Op::Flush {
+            if rq.op.is_write() {
                 RQ_INFLIGHT_WRITE
             } else {
                 RQ_INFLIGHT_READ
