@@ -359,3 +359,22 @@ fn a_device_dropped_in_its_own_completion_still_ends_every_request() {
         "the completion did not hold the last reference"
     );
 }
+
+/// One user of an image at a time: a second open of a file device while the first
+/// holds it is refused with what to do, and succeeds once the first is gone (a mount
+/// and an `info`, a mkfs or a second mount would otherwise write the same journal).
+#[test]
+fn a_file_device_in_use_is_refused_to_a_second_opener() {
+    wbstack::dev::uring::probe_io_uring().expect("io_uring");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let img = dir.path().join("locked.img");
+    let spec = format!("file:{},create=1,size=64M", img.display());
+    let q = RequestQueue::open(&spec, QueueConfig::default()).unwrap();
+    let again = format!("file:{}", img.display());
+    let e = RequestQueue::open(&again, QueueConfig::default())
+        .err()
+        .expect("a second open of an image in use");
+    assert!(e.contains("in use"), "{e}");
+    drop(q);
+    RequestQueue::open(&again, QueueConfig::default()).expect("the image, free again");
+}

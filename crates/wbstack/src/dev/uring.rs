@@ -1065,11 +1065,20 @@ impl UringDevice {
 
 fn open_direct(path: &str) -> io::Result<File> {
     // std adds O_CLOEXEC itself.
-    OpenOptions::new()
+    let f = OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_DIRECT)
-        .open(path)
+        .open(path)?;
+    // One user of an image at a time: a second mount, an `info` (which replays the
+    // journal and writes a checkpoint) or a mkfs beside a running mount would write
+    // the same journal and checkpoints under it. An advisory lock, released when the
+    // descriptor closes (or the process dies), as util-linux's tools lock devices.
+    // SAFETY: flock takes a descriptor `f` owns and touches no memory.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(f)
 }
 
 /// Why opening PATH failed, in words that say what to do about it.
@@ -1085,6 +1094,10 @@ fn open_error(path: &str, e: &io::Error) -> String {
         Some(libc::EROFS) => format!("{path} is on a read-only filesystem"),
         Some(libc::EISDIR) => format!("{path} is a directory; give a file or block device"),
         Some(libc::EBUSY) => format!("{path} is busy (held exclusively by another user)"),
+        Some(libc::EWOULDBLOCK) => format!(
+            "{path} is in use by another wbstack device (a mount, a benchmark or a tool \
+             holds it); unmount or stop it first (a mount's usage: df, or .wbstack/stat)"
+        ),
         _ => format!("cannot open {path}: {e}"),
     }
 }
