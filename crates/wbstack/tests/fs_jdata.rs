@@ -432,3 +432,28 @@ fn a_journaled_fsync_flushes_only_when_a_write_completed_since_the_last_flush() 
         v.unmount().unwrap();
     }
 }
+
+/// Dropping a file's cache right after a journaled fsync (its pages under writeback
+/// until their home write) waits for that write: the next read finds the data, not
+/// the block's old content.
+#[test]
+fn dropping_the_cache_after_a_journaled_fsync_keeps_what_it_made_durable() {
+    let q = common::queue("sim:ssd,size=64M");
+    Volume::mkfs(&q, &Default::default()).unwrap();
+    let v = Volume::mount(q.clone(), jopts(64)).unwrap();
+    let data = pattern(9, 4096);
+    let f = v.create("/a").unwrap();
+    f.write_at(0, &data).unwrap();
+    f.close().unwrap();
+    assert!(
+        v.drop_cache("/a").unwrap(),
+        "the cache of a closed file is dropped"
+    );
+    assert_eq!(
+        v.journal_stats().data_blocks,
+        1,
+        "the fsync journaled the page"
+    );
+    assert!(read_all(&v, "/a") == data, "read back after the drop");
+    v.unmount().unwrap();
+}

@@ -469,6 +469,14 @@ pub(super) struct Live {
 }
 
 impl Live {
+    /// A write of the inode ended when barrier `gen` was current. Completions sample
+    /// the generation before they take `st`, so two may arrive out of order: the
+    /// newest stays, or fsync would accept a flush started before the later write
+    /// ended.
+    fn note_data_gen(&mut self, gen: u64) {
+        self.data_gen = Some(self.data_gen.map_or(gen, |g| g.max(gen)));
+    }
+
     /// Nothing pending, nothing a later fsync must wait for: the inode cache may forget
     /// this state (`fs::icache`), and a fresh `Live::default()` means the same.
     fn at_rest(&self, committed: u64, barrier_done: u64) -> bool {
@@ -1328,7 +1336,7 @@ impl AddressSpaceOps for Aops {
         }
         if let Some(l) = st.live.get_mut(&ino).filter(|l| l.trunc_pending) {
             l.deferred_size = l.deferred_size.max(written_end);
-            l.data_gen = Some(gen);
+            l.note_data_gen(gen);
             return;
         }
         if let Some(i) = st.meta.resident_mut(ino) {
@@ -1339,7 +1347,7 @@ impl AddressSpaceOps for Aops {
             }
         }
         if let Some(l) = st.live.get_mut(&ino) {
-            l.data_gen = Some(gen);
+            l.note_data_gen(gen);
         }
     }
 }
@@ -2631,8 +2639,16 @@ impl Volume {
             };
             self.vol
                 .fsync_ino(ino, &m, false, &Mutex::new(m.wb_err().sample()))?;
+            // A journaled fsync leaves its pages under writeback until their home
+            // write, which waiting sends: dropped before it, the next read would find
+            // the block's old content (or a deleted file's), and a rewrite of part of
+            // the page would put that on disk in place of data fsync made durable.
+            m.wait_writeback(0, u64::MAX);
             let st = self.vol.st.lock();
-            if st.live.get(&ino).is_some_and(|l| l.open > 0) || m.nr_dirty() > 0 {
+            if st.live.get(&ino).is_some_and(|l| l.open > 0)
+                || m.nr_dirty() > 0
+                || m.nr_writeback() > 0
+            {
                 return Ok(false);
             }
             self.vol.icache.lock().remove(&ino);
