@@ -471,10 +471,23 @@ impl Vol {
             loop {
                 let running = st.running_tid;
                 let ordered = std::mem::take(&mut st.ordered);
-                let keep: Vec<_> = ordered
-                    .into_iter()
-                    .filter(|o| o.tid > running || !o.satisfied(&st))
-                    .collect();
+                let mut keep = Vec::with_capacity(ordered.len());
+                for o in ordered {
+                    if o.tid > running || !o.satisfied(&st) {
+                        keep.push(o);
+                        continue;
+                    }
+                    // Its data is written; a truncation to zero deferred at its open
+                    // (new data in `deferred_maps`, the old extents still the file's)
+                    // lands here, in the rename's transaction, not when the flusher
+                    // gets to it: else the rename could commit over the file's
+                    // pre-truncation content.
+                    if let Err(e) = self.resolve_trunc(&mut st, o.ino) {
+                        if st.aborted.is_none() {
+                            st.aborted = Some(format!("a renamed file's truncation: {e}"));
+                        }
+                    }
+                }
                 st.ordered = keep;
                 if !st.ordered.iter().any(|o| o.tid <= running) || st.aborted.is_some() {
                     break;
