@@ -448,7 +448,10 @@ pub fn run_with(
     let mut loops = Vec::new();
     let mut count = 0u64;
     let mut fsyncs_total = 0u64;
-    for _ in 0..o.loops {
+    // The last loop's files, deleted only after the final sync: deleted first, their
+    // dirty pages die with them and the sync has nothing to write.
+    let mut last_created = Vec::new();
+    for loop_no in 0..o.loops {
         let disk0 = fs.disk_stats();
         let cpu0 = process_cpu();
         let t0 = Instant::now();
@@ -519,8 +522,12 @@ pub fn run_with(
         on_loop(&l);
         loops.push(l);
         if !o.keep {
-            for p in &created {
-                fs.unlink(p).map_err(err("fsmark: unlink"))?;
+            if loop_no + 1 == o.loops {
+                last_created = created;
+            } else {
+                for p in &created {
+                    fs.unlink(p).map_err(err("fsmark: unlink"))?;
+                }
             }
         }
     }
@@ -535,6 +542,9 @@ pub fn run_with(
         add_stats(acc, &a.delta(b));
     }
     let cpu = process_cpu() - run_cpu0;
+    for p in &last_created {
+        fs.unlink(p).map_err(err("fsmark: unlink"))?;
+    }
     let dev = run_disk.map(|d| DeviceWrites::from_delta(&d, wall_s));
     let mut fps: Vec<f64> = loops.iter().map(|l| l.files_per_sec).collect();
     fps.sort_by(|a, b| b.total_cmp(a));

@@ -256,10 +256,12 @@ struct LabArgs {
     /// Print one JSON object per experiment.
     #[arg(long)]
     json: bool,
-    /// Repetitions of each arm, interleaved (median reported).
-    #[arg(long)]
+    /// Repetitions of each arm, interleaved (median reported); the inflight
+    /// experiment's (the others run each arm once).
+    #[arg(long, value_parser = at_least_one)]
     rounds: Option<usize>,
-    /// Run time of each arm, e.g. 3 or 500ms.
+    /// Run time of each arm, e.g. 3 or 500ms; the inflight experiment's (the others
+    /// size their runs by work, not time).
     #[arg(long, value_parser = duration_arg)]
     runtime: Option<Duration>,
     /// Write a report: DIR/index.html (plots inline), DIR/*.json, DIR/run.json.
@@ -964,5 +966,14 @@ fn run(cmd: Cmd) -> ExitCode {
             eprintln!("wbstack: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// A count of one or more (`--rounds 0` would leave nothing to take a median of).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }

@@ -71,16 +71,18 @@ pub fn size_arg(s: &str) -> Result<u64, String> {
 
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
     // A bare number is seconds here, as in fio's --runtime.
+    // Beyond what a Duration holds (1e20 s) is an error, not a panic.
+    let too_long = |_| format!("{s:?} is longer than any run can be");
     if let Ok(secs) = s.parse::<f64>() {
         if secs >= 0.0 && secs.is_finite() {
-            return Ok(Duration::from_secs_f64(secs));
+            return Duration::try_from_secs_f64(secs).map_err(too_long);
         }
     }
     // Minutes and hours for long runs (soak): "10m", "2h".
     for (suffix, secs) in [("min", 60.0), ("m", 60.0), ("h", 3600.0)] {
         if let Some(n) = s.strip_suffix(suffix).and_then(|n| n.parse::<f64>().ok()) {
             if n >= 0.0 && n.is_finite() {
-                return Ok(Duration::from_secs_f64(n * secs));
+                return Duration::try_from_secs_f64(n * secs).map_err(too_long);
             }
         }
     }
@@ -118,5 +120,8 @@ mod tests {
         assert_eq!(duration_arg("10m").unwrap(), Duration::from_secs(600));
         assert_eq!(duration_arg("2h").unwrap(), Duration::from_secs(7200));
         assert!(duration_arg("10x").is_err());
+        // Too long for a Duration: an error, not a panic.
+        assert!(duration_arg("1e20").is_err());
+        assert!(duration_arg("1e18m").is_err());
     }
 }

@@ -173,6 +173,11 @@ fn bad_input_is_a_clear_error() {
         (&["lab", "nosuch", "--kernel", "ext4"], "unknown experiment"),
         (&["lab", "plug", "--quick", "--full"], "cannot be used with"),
         (&["lab", "--replay", "/nonexistent/run.json"], "--replay"),
+        (&["lab", "inflight", "--rounds", "0"], "at least 1"),
+        (
+            &["bench", "blk", "--runtime", "1e20"],
+            "longer than any run",
+        ),
     ];
     for (args, want) in cases {
         let out = wbstack(args);

@@ -284,3 +284,28 @@ fn table_lines_have_fs_marks_columns() {
         fsmark::loop_line(&l)
     );
 }
+
+/// Without -k the last loop's files are deleted only after the final sync, so the
+/// sync that "including final sync" times writes them: deleted first, their dirty
+/// pages died with them and the sync had nothing to write.
+#[test]
+fn the_final_sync_writes_the_last_loops_files_before_they_are_deleted() {
+    let vol = wbstack_cli::volfs::open_vol("sim:ssd,size=256M", "").unwrap();
+    let fs: Arc<dyn BenchFs> = vol.clone();
+    let o = FsmarkOpts {
+        dirs: vec!["s".into()],
+        files: 300,
+        size: 4096,
+        loops: 2,
+        keep: false,
+        ..Default::default()
+    };
+    let r = fsmark::run(&o, fs).unwrap();
+    let written_kib = r.totals.write_ios.unwrap() as f64 * r.totals.avg_write_kib.unwrap();
+    assert!(
+        written_kib >= 300.0 * 4.0,
+        "the final sync wrote {written_kib} KiB for 300 files of 4 KiB"
+    );
+    let left = vol.volume().readdir("/s").unwrap();
+    assert!(left.is_empty(), "{} files left after the run", left.len());
+}

@@ -72,6 +72,16 @@ impl CutReport {
             || self.second_life_failed()
     }
 
+    /// Failed in what recovery found (fsck, the mount, reading back): what a replay
+    /// file rebuilds and checks again. A hang or an error of the workload itself is
+    /// not in the crash state, so no replay could show it.
+    pub fn recovery_failed(&self) -> bool {
+        self.fsck_errors > 0
+            || self.mount_error.is_some()
+            || self.recovery_error.is_some()
+            || !self.verdict.clean()
+    }
+
     pub fn second_life_failed(&self) -> bool {
         self.second_life
             .as_ref()
@@ -395,13 +405,14 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
     let image = probe.sim().image();
     let write_log = logw.take_log();
     let first = check_recovery(&q, mopts.clone(), &log, o.rule, rep);
-    // A replay file rebuilds the first life's crash state: written for a failure
-    // there, not for one of the second life alone (its reasons say so).
+    // A replay file rebuilds the first life's crash state: written for a failure of
+    // its recovery, not for one of the workload or of the second life alone (their
+    // reasons say so), which a replay would report passing without checking them.
     let first_failed = rep.failed();
     if let (false, Some(first)) = (first_failed, first) {
         rep.second_life = Some(second_life(&q, &probe, mopts, seed, &first));
     }
-    if first_failed {
+    if rep.recovery_failed() {
         if let Some(dir) = &o.save_dir {
             let file = ReplayFile::new(o, seed, rep, &spec, &log, &write_log, image);
             match file.save_in(dir) {
