@@ -1069,3 +1069,30 @@ fn append_mode_mmap_and_read_only_truncating_opens_behave_as_on_ext4() {
     assert_eq!(std::fs::metadata(m.p("t")).unwrap().len(), 0);
     m.umount();
 }
+
+/// A write by another user clears a file's set-id bits, and the kernel learns of it
+/// at once (the server tells it): the mode it caches, which exec reads, is not the
+/// old one until the attribute TTL runs out, so that user cannot then run the
+/// changed program with the owner's privileges.
+#[test]
+fn a_write_that_clears_set_id_bits_is_seen_by_the_kernel_at_once() {
+    need("setpriv", "util-linux");
+    let m = Mounted::new("sim:ssd,size=256M", &["allow_other"]);
+    let f = m.p("id");
+    let f = f.display();
+    sh(&format!(
+        "cp /usr/bin/id {f} && chmod 4755 {f} && chmod o+w {f}"
+    ));
+    let nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups";
+    // Set-uid root as long as nobody has changed it; the kernel caches that mode.
+    assert_eq!(sh(&format!("{nobody} {f} -u")).trim(), "0");
+    // Appending to an ELF file leaves it runnable.
+    sh(&format!("{nobody} sh -c 'printf x >> {f}'"));
+    assert_eq!(
+        sh(&format!("{nobody} {f} -u")).trim(),
+        "65534",
+        "run with the owner's uid after a write that cleared its set-uid bit"
+    );
+    assert_eq!(sh(&format!("stat -c %a {f}")).trim(), "757");
+    m.umount();
+}

@@ -146,6 +146,7 @@ pub fn serve(
     let owner = euid();
     let result: UnmountResult = Default::default();
     let fs = WbFs::new(vol, owner, cfg.read_only, result.clone());
+    let notifier = fs.notifier.clone();
     let mut opts = vec![
         MountOption::FSName(cfg.fsname.clone()),
         MountOption::Subtype("wbstack".into()),
@@ -171,6 +172,9 @@ pub fn serve(
     let session = fuser::Session::new(fs, dir, &config)
         .map_err(|e| FsError::Invalid(format!("mount {}: {e}", dir.display())))?;
     let mut session = session;
+    if notifier.set(session.notifier()).is_err() {
+        debug_assert!(false, "the notifier set twice");
+    }
     ready(session.unmount_callable());
     session
         .run()

@@ -68,6 +68,9 @@ pub struct WbFs {
     read_only: bool,
     unmounted: UnmountResult,
     trace_readers: Arc<AtomicU64>,
+    /// Set once the session exists (`serve`): how the server tells the kernel of a
+    /// change it made itself, which no reply carries.
+    pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 fn errno(e: &FsError) -> Errno {
@@ -183,6 +186,7 @@ impl WbFs {
             read_only,
             unmounted,
             trace_readers: Arc::new(AtomicU64::new(0)),
+            notifier: Arc::default(),
         }
     }
 
@@ -646,8 +650,20 @@ impl fuser::Filesystem for WbFs {
             Handle::File(f) => {
                 // Only root-or-not matters here: no /proc read on the write path.
                 let c = Cred::new(req.uid(), req.gid(), Vec::new());
-                if let Err(e) = self.vol().kill_suid_as(&c, ino.0) {
-                    return reply.error(errno(&e));
+                match self.vol().kill_suid_as(&c, ino.0) {
+                    // A write's reply carries no attributes, and the kernel refreshes
+                    // its cached mode only when told (up to TTL later otherwise): an
+                    // exec in between would still see the set-id bit. Attributes
+                    // only (offset -1): no page of the file is dropped.
+                    Ok(true) => {
+                        if let Some(n) = self.notifier.get() {
+                            if let Err(e) = n.inval_inode(ino, -1, 0) {
+                                eprintln!("wbstack mount: telling the kernel of a cleared set-id bit: {e}");
+                            }
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => return reply.error(errno(&e)),
                 }
                 match f.write_at(offset, data) {
                     Ok(n) => reply.written(n as u32),

@@ -418,17 +418,20 @@ impl Volume {
 
     /// A write by `c` clears set-user-id (and group-executable set-group-id) unless
     /// `c` is root, as should_remove_suid does; cheap when there is nothing to clear.
-    pub fn kill_suid_as(&self, c: &Cred, ino: u64) -> FsResult<()> {
+    /// Whether the mode changed (a FUSE server then tells the kernel, whose cached
+    /// mode a write's reply does not refresh).
+    pub fn kill_suid_as(&self, c: &Cred, ino: u64) -> FsResult<bool> {
         self.vol.faulting(|| {
             if c.is_root() {
-                return Ok(());
+                return Ok(false);
             }
             let mut st = self.vol.st.lock();
-            if let Some(mode) = perm::kill_suid(c, st.inode(ino)?) {
-                let now = self.vol.now();
-                self.set_mode_locked(&mut st, ino, mode, now)?;
-            }
-            Ok(())
+            let Some(mode) = perm::kill_suid(c, st.inode(ino)?) else {
+                return Ok(false);
+            };
+            let now = self.vol.now();
+            self.set_mode_locked(&mut st, ino, mode, now)?;
+            Ok(true)
         })
     }
 
