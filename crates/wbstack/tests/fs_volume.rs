@@ -1034,3 +1034,29 @@ fn a_rename_over_commits_the_renamed_files_deferred_truncation_with_it() {
     assert!(v.check().is_empty(), "{:?}", v.check());
     v.unmount().unwrap();
 }
+
+/// An asynchronous flush asked of a file still open after its volume stopped (a
+/// crash, an unmount by another handle) completes, with an error: its batch job
+/// found no flusher to run it, and its waiter waited for good.
+#[test]
+fn an_async_flush_after_the_volume_stopped_completes_with_an_error() {
+    let (_q, v) = fresh_with("sim:ssd,size=64M", quiet());
+    let f = v.create("/f").unwrap();
+    f.write_at(0, &[7u8; 4096]).unwrap();
+    v.crash();
+    let h = f.flush_async();
+    let t0 = std::time::Instant::now();
+    let r = loop {
+        match &h {
+            Err(e) => break Err(e.clone()),
+            Ok(h) => {
+                if let Some(r) = h.poll() {
+                    break r;
+                }
+            }
+        }
+        assert!(t0.elapsed().as_secs() < 10, "the flush never completed");
+        std::thread::yield_now();
+    };
+    assert!(r.is_err(), "a flush of a stopped volume succeeded");
+}

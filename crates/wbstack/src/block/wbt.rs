@@ -610,19 +610,14 @@ impl RqWb {
         has_sleeper: impl FnOnce() -> bool,
     ) -> bool {
         let rwq = rwq_index(wb_acct);
-        // A slot given back twice is a bug in the caller: stopped in a debug build;
-        // a release build keeps the count at zero rather than wrap it, which would
-        // shut the queue for good.
-        let Ok(prev) = self.inflight[rwq]
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
-        else {
-            debug_assert!(
-                false,
-                "wbt: a slot of queue {rwq} given back that was never taken"
-            );
-            return false;
-        };
-        let inflight = prev - 1;
+        // A completion never counted in (accounting switched on with it in flight)
+        // must not wrap the count, which would shut the queue for good.
+        let prev = self.inflight[rwq]
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                Some(v.saturating_sub(1))
+            })
+            .unwrap_or(0);
+        let inflight = prev.saturating_sub(1);
         let bg = self.wb_background.load(Ordering::Relaxed);
         let limit = if rwq == RWQ_DISCARD {
             bg

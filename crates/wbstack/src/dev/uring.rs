@@ -856,6 +856,8 @@ pub struct UringDevice {
     geo: Geometry,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// `lock_image`'s descriptor: the image is ours while it is open.
+    _lock: File,
 }
 
 impl UringDevice {
@@ -1009,6 +1011,7 @@ impl UringDevice {
             }
         };
 
+        let lock = lock_image(&path).map_err(|e| spec.err(open_error(&path, &e)))?;
         let shared = Arc::new(Shared {
             ring,
             file,
@@ -1038,6 +1041,7 @@ impl UringDevice {
             geo,
             shared,
             thread: Some(thread),
+            _lock: lock,
         })
     }
 
@@ -1065,15 +1069,21 @@ impl UringDevice {
 
 fn open_direct(path: &str) -> io::Result<File> {
     // std adds O_CLOEXEC itself.
-    let f = OpenOptions::new()
+    OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_DIRECT)
-        .open(path)?;
-    // One user of an image at a time: a second mount, an `info` (which replays the
-    // journal and writes a checkpoint) or a mkfs beside a running mount would write
-    // the same journal and checkpoints under it. An advisory lock, released when the
-    // descriptor closes (or the process dies), as util-linux's tools lock devices.
+        .open(path)
+}
+
+/// One user of an image at a time: a second mount, an `info` (which replays the
+/// journal and writes a checkpoint) or a mkfs beside a running mount would write the
+/// same journal and checkpoints under it. An advisory lock on a descriptor of its own,
+/// held by the device and released when it is dropped (or the process dies), as
+/// util-linux's tools lock devices; not on the IO descriptor, which a thread's private
+/// ring may keep open until that thread next waits.
+fn lock_image(path: &str) -> io::Result<File> {
+    let f = OpenOptions::new().read(true).open(path)?;
     // SAFETY: flock takes a descriptor `f` owns and touches no memory.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(io::Error::last_os_error());

@@ -527,14 +527,20 @@ impl Vol {
                         .map(|o| o.ino)
                         .filter(|ino| kicked.insert(*ino))
                         .collect();
-                    for ino in waiting {
-                        if let Some(m) = self.icache.lock().get(&ino).cloned() {
+                    let maps: Vec<_> = waiting
+                        .into_iter()
+                        .filter_map(|ino| self.icache.lock().get(&ino).cloned())
+                        .collect();
+                    // Without `st`: a job queued once the flusher stopped runs on the
+                    // queueing thread, and writing pages takes `st`.
+                    parking_lot::MutexGuard::unlocked(&mut st, || {
+                        for m in maps {
                             self.bdi.queue_job(Box::new(move || {
                                 // Errors reach fsync through the mapping's errseq.
                                 let _reported_later = m.write_and_wait_keep_errors(0, u64::MAX);
                             }));
                         }
-                    }
+                    });
                 }
             }
             if let Some(why) = st.aborted.clone() {

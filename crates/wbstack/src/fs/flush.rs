@@ -124,10 +124,13 @@ impl Vol {
     /// batch job taken by the flusher leaves later requests to the next one, so
     /// requests arriving while a batch is written pile up and share the next batch.
     pub(super) fn queue_flush(self: &Arc<Self>, r: FlushReq) {
-        let mut fq = self.flushq.lock();
-        fq.pending.push(r);
-        if !fq.queued {
-            fq.queued = true;
+        let queue = {
+            let mut fq = self.flushq.lock();
+            fq.pending.push(r);
+            !std::mem::replace(&mut fq.queued, true)
+        };
+        // Outside the queue's lock: with the flusher stopped, the job runs here.
+        if queue {
             let w = Arc::downgrade(self);
             self.bdi.queue_job(Box::new(move || {
                 if let Some(v) = w.upgrade() {

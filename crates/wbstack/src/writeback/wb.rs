@@ -195,6 +195,10 @@ pub struct Bdi {
     /// batch, a flush-on-close kick), so it shares the flusher's place in the IO order
     /// and needs no thread of its own.
     jobs: Mutex<VecDeque<Job>>,
+    /// The flusher has stopped: a job queued now runs on the queueing thread (set
+    /// under `jobs`' lock, so none is left queued with no thread to run it, and its
+    /// waiter, say an async flush's, waiting for good).
+    jobs_closed: AtomicBool,
     waiter: Arc<Waiter>,
     stop: AtomicBool,
     nr_dirty: AtomicU64,
@@ -227,6 +231,7 @@ impl Bdi {
             wb_inodes: Mutex::new(FxHashMap::default()),
             works: Mutex::new(VecDeque::new()),
             jobs: Mutex::new(VecDeque::new()),
+            jobs_closed: AtomicBool::new(false),
             waiter,
             stop: AtomicBool::new(false),
             nr_dirty: AtomicU64::new(0),
@@ -702,10 +707,32 @@ impl Bdi {
         (progress, written, result)
     }
 
-    /// Run `job` on the flusher thread, after the works queued before it.
+    /// Run `job` on the flusher thread, after the works queued before it; once the
+    /// flusher has stopped, on this thread at once (so never while holding a lock
+    /// the job takes).
     pub fn queue_job(&self, job: Job) {
-        self.jobs.lock().push_back(job);
+        let mut jobs = self.jobs.lock();
+        if self.jobs_closed.load(Ordering::SeqCst) {
+            drop(jobs);
+            job();
+            return;
+        }
+        jobs.push_back(job);
+        drop(jobs);
         self.waiter.kick();
+    }
+
+    /// The flusher is stopping: run the jobs left, and every later one where it is
+    /// queued (their work meets the stopped volume and fails, telling its waiters).
+    fn close_jobs(&self) {
+        let left = {
+            let mut jobs = self.jobs.lock();
+            self.jobs_closed.store(true, Ordering::SeqCst);
+            std::mem::take(&mut *jobs)
+        };
+        for job in left {
+            job();
+        }
     }
 
     fn has_queued(&self) -> bool {
@@ -826,6 +853,7 @@ fn flusher(weak: Weak<Bdi>, waiter: Arc<Waiter>) {
         let (next, clock) = {
             let Some(bdi) = weak.upgrade() else { return };
             if bdi.stop.load(Ordering::SeqCst) {
+                bdi.close_jobs();
                 return;
             }
             (bdi.do_writeback(), bdi.clock.clone())
