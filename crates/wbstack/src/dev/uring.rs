@@ -1084,11 +1084,22 @@ fn open_direct(path: &str) -> io::Result<File> {
 /// ring may keep open until that thread next waits.
 fn lock_image(path: &str) -> io::Result<File> {
     let f = OpenOptions::new().read(true).open(path)?;
-    // SAFETY: flock takes a descriptor `f` owns and touches no memory.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(io::Error::last_os_error());
+    // A holder that was just killed lets go only once the kernel has torn down its
+    // io_uring (in flight requests first), which can take a moment after the kill:
+    // a remount right after `kill -9` waits for that, a bounded while, instead of
+    // failing. flock has no timed wait, hence the polling.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        // SAFETY: flock takes a descriptor `f` owns and touches no memory.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(f);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || std::time::Instant::now() >= deadline {
+            return Err(e);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    Ok(f)
 }
 
 /// Why opening PATH failed, in words that say what to do about it.
