@@ -344,6 +344,24 @@ pub fn meta_reserve(journal_blocks: u64) -> u64 {
     journal_blocks.max(64)
 }
 
+/// What the next checkpoint's need for node blocks (`Meta::checkpoint_need_blocks`)
+/// asks of a volume with `headroom` blocks tree nodes may take: `due` past half of it
+/// (the committer checkpoints now), `tight` past three quarters (operations wait for
+/// a checkpoint before changing more). Nothing changed, nothing is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointRoom {
+    pub due: bool,
+    pub tight: bool,
+}
+
+pub fn checkpoint_room(changed: usize, need: u64, headroom: u64) -> CheckpointRoom {
+    let asks = changed > 0;
+    CheckpointRoom {
+        due: asks && need * 2 > headroom,
+        tight: asks && need * 4 > headroom * 3,
+    }
+}
+
 /// `n` blocks for tree nodes from `meta`'s allocator near `goal` (the metadata
 /// reserve included), leaving the data cursor where it was: nodes gather together,
 /// data keeps its own placement.

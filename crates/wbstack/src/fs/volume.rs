@@ -737,9 +737,16 @@ impl State {
     /// More inodes changed since the last checkpoint than `meta_limit` (and than
     /// `META_FULL_MIN`): the next commit is a checkpoint, and it is due now.
     pub fn meta_full(&self) -> bool {
-        self.meta.open_changed() > self.meta_limit.max(META_FULL_MIN)
-            || (self.meta.open_changed() > 0
-                && self.meta.checkpoint_need_blocks() * 2 > self.meta.alloc.meta_headroom())
+        self.meta.open_changed() > self.meta_limit.max(META_FULL_MIN) || self.checkpoint_room().due
+    }
+
+    /// `checkpoint::checkpoint_room` of this state.
+    fn checkpoint_room(&self) -> super::checkpoint::CheckpointRoom {
+        super::checkpoint::checkpoint_room(
+            self.meta.open_changed(),
+            self.meta.checkpoint_need_blocks(),
+            self.meta.alloc.meta_headroom(),
+        )
     }
 
     /// Keep from writes the blocks the next checkpoint may need (`meta_full` makes it
@@ -749,7 +756,7 @@ impl State {
     pub fn refresh_meta_pending(&mut self) {
         let need = self.meta.checkpoint_need_blocks();
         self.meta.alloc.set_meta_pending(need);
-        let tight = self.meta.open_changed() > 0 && need * 4 > self.meta.alloc.meta_headroom() * 3;
+        let tight = self.checkpoint_room().tight;
         if self.meta_tight.load(Ordering::Relaxed) != tight {
             self.meta_tight.store(tight, Ordering::Relaxed);
         }
