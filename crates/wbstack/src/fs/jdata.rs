@@ -17,7 +17,8 @@
 //!   a transaction, once `HOME_BATCH` blocks gathered, when the transaction frees
 //!   blocks, or before a checkpoint; the committer sends them once idle `HOME_DELAY_NS`;
 //!   and any thread about to sleep on pages under writeback sends them at once
-//!   (`AddressSpaceOps::writeback_wait` → `kick_home`), so no wait on those pages ever
+//!   (`AddressSpaceOps::writeback_wait` → `kick_home`; pages claimed but not yet
+//!   logged go as soon as they are, `State::jclaiming`), so no wait on those pages ever
 //!   depends on a commit (a sync pass of the flusher may be what a commit's ordered
 //!   data waits for). A home write may land before its commit, as ordered data does:
 //!   a new block is not yet referenced, a mapped one is overwritten in place. Their
@@ -88,6 +89,16 @@ pub(super) struct JHome {
 /// `wait_home` never finds a block neither held back nor pending, as it did when the
 /// count came later, outside `st`, and a checkpoint or a release of freed blocks went
 /// ahead of a home write still to be sent.
+/// Pages `Vol::claim_for_journal` claimed for the running transaction, for
+/// `Vol::log_claimed` to log (or give back).
+struct JournalClaim {
+    ino: u64,
+    mapping: Arc<Mapping>,
+    gen: WbGen,
+    pages: Vec<(u64, JBlockData)>,
+    limit_kb: u64,
+}
+
 #[must_use = "taken blocks are counted pending: submit them (submit_home)"]
 #[derive(Default)]
 pub(super) struct TakenHome(Vec<JHome>);
@@ -98,42 +109,67 @@ impl Vol {
     /// call is then in the transaction fsync waits for); false leaves everything to
     /// the ordered path.
     pub(super) fn journal_data(&self, ino: u64, mapping: &Mapping) -> bool {
+        self.claim_for_journal(ino, mapping)
+            .is_some_and(|claim| self.log_claimed(claim))
+    }
+
+    /// The first half of `journal_data`: if the policy takes the inode's dirty pages,
+    /// claim them (under writeback from here on, so nothing else writes them).
+    fn claim_for_journal(&self, ino: u64, mapping: &Mapping) -> Option<JournalClaim> {
         let limit_kb = self
             .journal_data_kb
             .load(std::sync::atomic::Ordering::Relaxed);
         if limit_kb == 0 {
-            return false;
+            return None;
         }
         // The home write ends the pages' writeback long after fsync returns.
-        let Some(mapping) = self
+        let mapping = self
             .icache
             .lock()
             .get(&ino)
             .filter(|m| std::ptr::eq(m.as_ref(), mapping))
-            .cloned()
-        else {
-            return false;
-        };
-        let mapping = &mapping;
+            .cloned()?;
         let max_pages = limit_kb / (PAGE / 1024);
         {
             // A cheap look first: most refusals need no claim.
-            let st = self.st.lock();
+            let mut st = self.st.lock();
             let nd = mapping.nr_dirty();
             if !journal_data_fits(limit_kb, nd, st.txn_jdata_pages, self.sb.journal_blocks)
                 || !eligible(&st, ino)
+                || st.jclaiming.insert(ino, false).is_some()
             {
-                return false;
+                return None;
             }
         }
         let Some((gen, pages)) = mapping.claim_dirty(max_pages) else {
-            return false;
+            self.st.lock().jclaiming.remove(&ino);
+            return None;
         };
         // The claim's copies become the records' data as they are, outside `st`.
-        let pages: Vec<(u64, JBlockData)> =
-            pages.into_iter().map(|(i, b)| (i, Arc::new(b))).collect();
+        let pages = pages.into_iter().map(|(i, b)| (i, Arc::new(b))).collect();
+        Some(JournalClaim {
+            ino,
+            mapping,
+            gen,
+            pages,
+            limit_kb,
+        })
+    }
+
+    /// The second half of `journal_data`: log the claimed pages if the policy still
+    /// takes them (the transaction may have filled meanwhile), else give them back.
+    fn log_claimed(&self, claim: JournalClaim) -> bool {
+        let JournalClaim {
+            ino,
+            mapping,
+            gen,
+            pages,
+            limit_kb,
+        } = claim;
         let now = self.now();
         let mut st = self.st.lock();
+        let kicked = st.jclaiming.remove(&ino);
+        debug_assert!(kicked.is_some(), "inode {ino} claimed twice at once");
         let taken = journal_data_fits(
             limit_kb,
             pages.len() as u64,
@@ -141,9 +177,16 @@ impl Vol {
             self.sb.journal_blocks,
         ) && eligible(&st, ino)
             && self
-                .log_pages(&mut st, ino, mapping, gen, &pages, now)
+                .log_pages(&mut st, ino, &mapping, gen, &pages, now)
                 .is_ok();
+        // A thread that came to wait for these pages between their claim and now found
+        // nothing to send (`kick_home`) and sleeps: send them at once.
+        let home = (taken && kicked == Some(true)).then(|| self.take_home(&mut st));
         drop(st);
+        if let Some(home) = home {
+            self.submit_home(home);
+            crate::block::flush_plug();
+        }
         if !taken {
             let idx: Vec<u64> = pages.iter().map(|(k, _)| *k).collect();
             mapping.unclaim(gen, &idx);
@@ -345,10 +388,14 @@ impl Vol {
         TakenHome(home)
     }
 
-    /// Send every held-back home write now (a thread is about to wait for one of them).
-    pub(super) fn kick_home(&self) {
+    /// Send every held-back home write now (a thread is about to wait for one of them,
+    /// of `ino`), and have pages of `ino` being claimed sent once logged.
+    pub(super) fn kick_home(&self, ino: u64) {
         let home = {
             let mut st = self.st.lock();
+            if let Some(kicked) = st.jclaiming.get_mut(&ino) {
+                *kicked = true;
+            }
             if st.jhome.is_empty() {
                 return;
             }
@@ -460,6 +507,49 @@ fn eligible(st: &State, ino: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use crate::fs::volume::test_volume;
+    use std::time::{Duration, Instant};
+
+    /// A thread that comes to wait for pages a journaled fsync has claimed but not yet
+    /// logged finds no home write to send; the fsync sends them the moment it logs
+    /// them, instead of leaving the waiter asleep until the committer's idle send.
+    #[test]
+    fn a_wait_for_pages_claimed_but_not_logged_gets_their_home_write_at_once() {
+        let v = test_volume(|_| {});
+        let vol = v.vol.clone();
+        let f = v.create("/f").unwrap();
+        f.write_at(0, &[7u8; 8192]).unwrap();
+        let ino = v.stat("/f").unwrap().ino;
+        let mapping = vol.icache.lock().get(&ino).cloned().unwrap();
+        let claim = vol
+            .claim_for_journal(ino, &mapping)
+            .expect("two dirty pages fit the journaled path");
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let mapping = mapping.clone();
+            std::thread::spawn(move || {
+                mapping.wait_writeback(0, u64::MAX);
+                done_tx.send(()).unwrap();
+            })
+        };
+        // The waiter asks for the home writes (finding none) before the log.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while vol.st.lock().jclaiming.get(&ino) != Some(&true) {
+            assert!(Instant::now() < deadline, "the waiter never asked");
+            std::thread::yield_now();
+        }
+        assert!(vol.log_claimed(claim));
+        assert!(
+            vol.st.lock().jhome.is_empty(),
+            "the claimed pages' home write was held back"
+        );
+        done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the waiter woke");
+        waiter.join().unwrap();
+        f.fsync().unwrap();
+        f.close().unwrap();
+        v.unmount().unwrap();
+    }
 
     /// A block taken for its home write is pending before `st` is dropped: a
     /// checkpoint or a release of freed blocks waiting for home writes (`wait_home`)

@@ -807,6 +807,7 @@ impl Volume {
                 jblocks: FxHashMap::default(),
                 txn_jdata_pages: 0,
                 jhome_first_ns: None,
+                jclaiming: FxHashMap::default(),
                 wall_offset_ns,
                 dcache: dcache.clone(),
                 meta_tight: meta_tight.clone(),

@@ -627,6 +627,11 @@ pub(super) struct State {
     /// When the oldest entry of `jhome` was journaled (the committer sends them home
     /// once idle this long after it).
     pub jhome_first_ns: Option<u64>,
+    /// Inodes a journaled fsync is claiming pages of, between its look under `st` and
+    /// its log (one fsync at a time per inode), and whether a thread came to wait for
+    /// those pages meanwhile: it found nothing to send (`kick_home`) and sleeps, so
+    /// their home write must go as soon as they are logged, not `HOME_DELAY_NS` later.
+    pub jclaiming: FxHashMap<u64, bool>,
     /// Added to the volume clock's time to give an inode timestamp: wall-clock time
     /// on a real clock, 0 on a manual one (tests stay deterministic). Scheduling (commit
     /// intervals) keeps the clock's own time.
@@ -1205,9 +1210,9 @@ impl AddressSpaceOps for Aops {
         r
     }
 
-    fn writeback_wait(&self, _ino: u64) {
+    fn writeback_wait(&self, ino: u64) {
         if let Ok(vol) = self.vol() {
-            vol.kick_home();
+            vol.kick_home(ino);
         }
     }
 
