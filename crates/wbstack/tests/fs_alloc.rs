@@ -378,8 +378,11 @@ fn hundred_tib_costs_extents_not_size() {
         a.space().extents().collect::<Vec<_>>(),
         vec![(1024, NR - 1024)]
     );
+    // The counts above are the test; the time only catches work per block (2^35 of
+    // them would take minutes), so its bound is far from the ~0.5 s a debug build
+    // takes here, and a loaded CI machine cannot fail it.
     let took = t.elapsed();
-    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
 }
 
 #[test]

@@ -610,14 +610,20 @@ impl RqWb {
         has_sleeper: impl FnOnce() -> bool,
     ) -> bool {
         let rwq = rwq_index(wb_acct);
-        // A completion never counted in (accounting switched on with it in flight)
-        // must not wrap the count, which would shut the queue for good.
-        let prev = self.inflight[rwq]
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
-                Some(v.saturating_sub(1))
-            })
-            .unwrap_or(0);
-        let inflight = prev.saturating_sub(1);
+        // Only a request its throttle counted in carries TRACKED (switching wbt on
+        // with requests in flight leaves theirs unmarked), so the count cannot be 0
+        // here. Were it, a wrap would shut the class for good: debug builds stop on
+        // the impossible completion, release builds leave the count at 0.
+        let Ok(prev) = self.inflight[rwq]
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
+        else {
+            debug_assert!(
+                false,
+                "a tracked completion of class {rwq} with none in flight"
+            );
+            return false;
+        };
+        let inflight = prev - 1;
         let bg = self.wb_background.load(Ordering::Relaxed);
         let limit = if rwq == RWQ_DISCARD {
             bg
@@ -1795,9 +1801,16 @@ mod tests {
         let d = flags::TRACKED | flags::DISCARD;
         let wakes: Vec<bool> = (0..4).map(|_| r.rqw_done(d, || false, || true)).collect();
         assert_eq!(wakes, [false, true, true, true]);
-        // A spurious completion cannot wrap the count.
-        r.rqw_done(d, || false, || false);
         assert_eq!(r.inflight(RWQ_DISCARD), 0);
+    }
+
+    /// A completion no throttle counted in is an impossible state, reported (debug
+    /// builds stop here; release builds keep the count at 0, not wrapped).
+    #[test]
+    #[should_panic(expected = "a tracked completion of class")]
+    fn a_completion_never_counted_in_is_reported() {
+        let r = RqWb::new(1023, false, true, None);
+        r.rqw_done(flags::TRACKED | flags::DISCARD, || false, || false);
     }
 
     #[test]
