@@ -446,7 +446,7 @@ pub(super) const META_FULL_MIN: usize = 1024;
 #[derive(Default)]
 pub(super) struct Live {
     /// Pages reserved by write() and not allocated yet.
-    pub delalloc: BTreeSet<u64>,
+    pub delalloc: crate::smallmap::SmallSet,
     /// file block -> (device block, len): allocated at writeback, write in flight.
     pub pending: crate::smallmap::SmallMap<(u64, u64)>,
     pub open: u32,
@@ -955,7 +955,7 @@ impl State {
         let Some(l) = self.live.get_mut(&ino) else {
             return;
         };
-        let gone: Vec<u64> = l.delalloc.range(keep..).copied().collect();
+        let gone: Vec<u64> = l.delalloc.range(keep..).collect();
         for p in &gone {
             l.delalloc.remove(p);
         }
@@ -1976,7 +1976,7 @@ impl Vol {
                 // auto_da_alloc: the commit of this rename waits for the data `ino`
                 // has now, and its writeback starts at once.
                 let l = st.live.entry(ino).or_default();
-                let pages: BTreeSet<u64> = l.delalloc.clone();
+                let pages: BTreeSet<u64> = l.delalloc.iter().collect();
                 let inflight: Vec<u64> = l.pending.values().map(|e| e.0).collect();
                 if !pages.is_empty() || !inflight.is_empty() || l.trunc_pending {
                     let tid = st.running_tid;
