@@ -122,6 +122,55 @@ impl PageCache {
         self.nr_writeback.load(Ordering::Relaxed)
     }
 
+    /// Add pages of `m` to the LRU's young end. Pages leave the cache without leaving the
+    /// LRU (a truncation, a failed read, a deleted file's mapping dropped): reclaim skips
+    /// such entries when it meets them, but below the capacity it never runs, and each
+    /// entry kept the dead mapping's allocation alive (its `Weak`). So once the LRU
+    /// holds more than twice the cache's pages (and 1024 more), the stale entries go
+    /// (`compact_lru`): every page inserted costs O(1) amortised, and memory follows
+    /// the pages cached, not the pages ever inserted.
+    fn lru_add(&self, m: &Weak<Mapping>, indexes: impl Iterator<Item = u64>) {
+        let mut lru = self.lru.lock();
+        lru.extend(indexes.map(|index| LruEntry {
+            mapping: m.clone(),
+            index,
+        }));
+        if lru.len() as u64 > 2 * self.nr_pages() + 1024 {
+            Self::compact_lru(&mut lru);
+        }
+    }
+
+    /// Drop the LRU entries naming no page: a mapping gone, a page gone, or a second
+    /// entry for a page (a page dropped and inserted again). Mappings are only
+    /// try-locked, as in `reclaim` (the caller may hold one: insertion takes a mapping's
+    /// lock, then this one); an entry whose mapping is busy stays.
+    fn compact_lru(lru: &mut VecDeque<LruEntry>) {
+        let mut seen: rustc_hash::FxHashSet<(usize, u64)> = Default::default();
+        lru.retain(|e| {
+            if e.mapping.strong_count() == 0 {
+                return false;
+            }
+            // While any Weak to it lives, its address names only this mapping.
+            if !seen.insert((e.mapping.as_ptr() as usize, e.index)) {
+                return false;
+            }
+            let Some(m) = e.mapping.upgrade() else {
+                return false;
+            };
+            let present = m
+                .inner
+                .try_lock()
+                .is_none_or(|inner| inner.pages.get(&e.index).is_some());
+            present
+        });
+    }
+
+    /// Entries on the LRU (tests: it stays within a bound of the pages cached).
+    #[cfg(test)]
+    fn lru_len(&self) -> usize {
+        self.lru.lock().len()
+    }
+
     /// Reclaim clean, idle pages (second chance on referenced ones) until under the
     /// capacity, looking at a bounded number of pages: a few times the excess, so one
     /// call costs in proportion to what it must free, not to the size of the cache
@@ -392,10 +441,7 @@ impl Mapping {
     fn insert_page_with(&self, inner: &mut Inner, index: u64, page: Page) {
         inner.pages.insert(index, page);
         self.cache().nr_pages.fetch_add(1, Ordering::Relaxed);
-        self.cache().lru.lock().push_back(LruEntry {
-            mapping: self.me.clone(),
-            index,
-        });
+        self.cache().lru_add(&self.me, std::iter::once(index));
     }
 
     /// Mark one page dirty, counted at once; returns whether it was clean. (`write_at`
@@ -600,11 +646,7 @@ impl Mapping {
             cache
                 .nr_pages
                 .fetch_add(batch.fresh.len() as u64, Ordering::Relaxed);
-            let mut lru = cache.lru.lock();
-            lru.extend(batch.fresh.drain(..).map(|index| LruEntry {
-                mapping: self.me.clone(),
-                index,
-            }));
+            cache.lru_add(&self.me, batch.fresh.drain(..));
         }
         if batch.dirtied > 0 {
             cache.nr_dirty.fetch_add(batch.dirtied, Ordering::Relaxed);
@@ -1491,5 +1533,47 @@ mod read_gen_tests {
         assert!(got[..100].iter().all(|&b| b == 0x11), "{:x?}", &got[..8]);
         assert!(got[100..200].iter().all(|&b| b == 0x22));
         assert!(got[200..].iter().all(|&b| b == 0x11));
+    }
+}
+
+#[cfg(test)]
+mod lru_tests {
+    use crate::block::QueueConfig;
+    use crate::mm::CacheConfig;
+    use crate::testfs::TestVolume;
+
+    /// Pages that leave the cache below its capacity (truncated, or their mapping
+    /// dropped) do not leave their LRU entries behind for good: a small file written
+    /// and truncated, or replaced, 10,000 times keeps the LRU near the pages cached.
+    #[test]
+    fn the_lru_stays_near_the_pages_cached_when_pages_leave_below_capacity() {
+        let wb = crate::testfs::quiet_wb(true);
+        let v = TestVolume::open(
+            "sim:ssd,size=64M",
+            QueueConfig::default(),
+            CacheConfig::default(),
+            wb,
+            64,
+        )
+        .unwrap();
+        for i in 0..10_000u64 {
+            let f = v.file(1 + i % 3);
+            f.write_at(0, &[i as u8; 4096]).unwrap();
+            f.truncate(0);
+            if i % 2 == 0 {
+                // The mapping itself goes (a deleted file's), and a new one comes.
+                v.evict(1 + i % 3, 0).unwrap();
+            }
+        }
+        v.file(1).write_at(0, &[7u8; 2 * 4096]).unwrap();
+        let pages = v.cache.nr_pages();
+        assert_eq!(pages, 2);
+        let lru = v.cache.lru_len();
+        assert!(
+            lru as u64 <= 2 * pages + 1024,
+            "{lru} LRU entries for {pages} pages cached"
+        );
+        // The pages still cached are still on it: reclaim can find them.
+        assert!(lru >= 2);
     }
 }
