@@ -712,18 +712,20 @@ impl Mapping {
 
     /// Buffered read into `out` at byte `off`; returns bytes read (short at EOF).
     pub fn read_at(&self, off: u64, out: &mut [u8]) -> Result<usize, BlkError> {
-        let size = self.size();
-        if off >= size {
-            return Ok(0);
-        }
-        let len = out.len().min((size - off) as usize);
+        let mut len = out.len();
         let mut done = 0usize;
         while done < len {
             let pos = off + done as u64;
             let index = pos / PAGE_SIZE as u64;
             let in_page = (pos % PAGE_SIZE as u64) as usize;
-            let n = (PAGE_SIZE - in_page).min(len - done);
             let mut inner = self.inner.lock();
+            // The size as of now, not of the call: a truncation meanwhile ends the read
+            // at its new end (and a page past it is never read in again, `read_pages`).
+            let size = inner.size;
+            if pos >= size {
+                break;
+            }
+            len = len.min((size - off) as usize);
             let seen = inner.read_failures;
             let present = inner
                 .pages
@@ -767,6 +769,14 @@ impl Mapping {
                 // Truncated while read: look again (at the size the file has now).
                 Waited::Gone(_) => continue,
             };
+            // And the size after the wait, as filemap_read reads i_size once it has the
+            // folio: a truncation into this page while it was read ends the copy there.
+            let size = inner.size;
+            if pos >= size {
+                break;
+            }
+            len = len.min((size - off) as usize);
+            let n = (PAGE_SIZE - in_page).min(len - done);
             {
                 let p = inner.pages.get_mut(&index).unwrap();
                 p.referenced = true;
@@ -808,7 +818,11 @@ impl Mapping {
             let mut inner = self.inner.lock();
             inner.read_gen += 1;
             let gen = inner.read_gen;
-            for i in index..index + n {
+            // Never past the end as of now: a reader that looked at the size before a
+            // truncation would otherwise bring the cut-off pages back, read from blocks
+            // the truncation is about to free, and a later extension would show them.
+            let end = (index + n).min(inner.size.div_ceil(PAGE_SIZE as u64));
+            for i in index..end {
                 match inner.pages.get_mut(&i) {
                     Some(p) if p.uptodate || p.reading => {}
                     Some(p) => {
@@ -878,6 +892,7 @@ impl Mapping {
     /// one of them.
     fn end_read(&self, index: u64, n: u64, gen: u64, data: Option<&IoBuf>, status: BlkResult) {
         let mut inner = self.inner.lock();
+        let size_now = inner.size;
         let ok = status.is_ok();
         let mut own = false;
         for k in 0..n {
@@ -897,6 +912,13 @@ impl Mapping {
                     ),
                     None => p.buf.as_mut_slice().fill(0),
                 }
+                // A truncation into this page while it was read zeroed a tail the read
+                // then filled with the old bytes: past the end a page holds zeros, so
+                // an extension reads them (`cut_pages`).
+                let in_file = size_now
+                    .saturating_sub(i * PAGE_SIZE as u64)
+                    .min(PAGE_SIZE as u64) as usize;
+                p.buf.as_mut_slice()[in_file..].fill(0);
                 p.uptodate = true;
             } else if !p.uptodate && !p.dirty {
                 inner.pages.remove(&i);
@@ -1533,6 +1555,94 @@ mod read_gen_tests {
         assert!(got[..100].iter().all(|&b| b == 0x11), "{:x?}", &got[..8]);
         assert!(got[100..200].iter().all(|&b| b == 0x22));
         assert!(got[200..].iter().all(|&b| b == 0x11));
+    }
+}
+
+#[cfg(test)]
+mod read_truncate_tests {
+    use crate::block::QueueConfig;
+    use crate::dev::sim::SimDevice;
+    use crate::mm::CacheConfig;
+    use crate::testfs::TestVolume;
+    use std::time::{Duration, Instant};
+
+    fn volume() -> TestVolume {
+        let cache = CacheConfig {
+            ra_max_pages: 0,
+            ..Default::default()
+        };
+        let wb = crate::testfs::quiet_wb(true);
+        TestVolume::open("sim:ssd,size=64M", QueueConfig::default(), cache, wb, 64).unwrap()
+    }
+
+    /// A reader that looked at the size before a truncation reads no page past the
+    /// new end back into the cache: read from blocks the truncation frees, such a page
+    /// would show its old bytes after the file grew again.
+    #[test]
+    fn a_read_started_before_a_truncation_brings_back_no_page_past_the_new_end() {
+        let v = volume();
+        v.file(1).write_at(0, &[0x11u8; 4 * 4096]).unwrap();
+        v.bdi.sync().unwrap();
+        let f = v.evict(1, 4 * 4096).unwrap();
+        f.truncate(4096);
+        // What a reader that took the size (4 pages) before the truncation asks for.
+        f.read_pages(2, 2).unwrap();
+        let inner = f.inner.lock();
+        assert!(
+            inner.pages.get(&2).is_none() && inner.pages.get(&3).is_none(),
+            "pages past the end read back in"
+        );
+        drop(inner);
+        let mut got = vec![0u8; 8192];
+        assert_eq!(f.read_at(0, &mut got).unwrap(), 4096);
+    }
+
+    /// A truncation into a page being read zeroes its tail; the read, completing
+    /// after, must not put the old tail back, or an extension would read it.
+    #[test]
+    fn a_page_read_across_a_truncation_into_it_keeps_its_tail_zeroed() {
+        let v = volume();
+        let sim = v.q.device().as_any().downcast_ref::<SimDevice>().unwrap();
+        v.file(1).write_at(0, &[0x11u8; 2 * 4096]).unwrap();
+        v.bdi.sync().unwrap();
+        let f = v.evict(1, 2 * 4096).unwrap();
+        sim.hold(true);
+        let reader = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 4096];
+                let n = f.read_at(4096, &mut buf).unwrap();
+                (n, buf)
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sim.pending() != 1 {
+            assert!(
+                Instant::now() < deadline,
+                "the read never reached the device"
+            );
+            std::thread::yield_now();
+        }
+        f.truncate(4096 + 100);
+        sim.hold(false);
+        let (n, buf) = reader.join().unwrap();
+        // The reader ends at the end the file has now.
+        assert_eq!(n, 100);
+        assert!(buf[..100].iter().all(|&b| b == 0x11));
+        let inner = f.inner.lock();
+        let page = inner.pages.get(&1).expect("page 1 cached");
+        assert!(page.uptodate);
+        assert!(
+            page.buf.as_slice()[100..].iter().all(|&b| b == 0),
+            "the old tail is back past the end"
+        );
+        drop(inner);
+        // Grown again, the file reads zeros past the old cut.
+        f.truncate(2 * 4096);
+        let mut got = vec![0xffu8; 4096];
+        assert_eq!(f.read_at(4096, &mut got).unwrap(), 4096);
+        assert!(got[..100].iter().all(|&b| b == 0x11));
+        assert!(got[100..].iter().all(|&b| b == 0), "{:x?}", &got[100..108]);
     }
 }
 
