@@ -611,7 +611,39 @@ fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
     Ok(())
 }
 
+/// Why `fsmark --crash` cannot run on these targets, if it cannot. The crash leaves the
+/// image for the next process to mount and replay (`wbstack info IMG`), so the device
+/// must outlive this process: a file or block device. Checked before the targets are
+/// opened, which formats them.
+fn crash_target_error(t: &TargetArgs) -> Option<String> {
+    const NEED: &str =
+        "fsmark: --crash needs one wbstack target on a file or block device (--device file:PATH, no --dir-path)";
+    if t.dir_path.is_some() {
+        return Some(format!(
+            "{NEED}: a kernel filesystem cannot be left crashed by this process"
+        ));
+    }
+    let Some(dev) = t.device.as_deref() else {
+        return Some(NEED.into());
+    };
+    match wbstack::dev::spec_kind(dev) {
+        Some("null") => Some(format!(
+            "{NEED}: the null device keeps no data past this process (memory_backed=1 holds it in this process's memory), so there would be nothing to mount and replay"
+        )),
+        Some("sim") => Some(format!(
+            "{NEED}: a simulated device's contents die with the process (`wbstack crashtest` cuts the power of one within the process)"
+        )),
+        // A file, or a spec that opening the targets refuses with its own reason.
+        _ => None,
+    }
+}
+
 fn run_fsmark(a: FsmarkArgs) -> Result<(), String> {
+    if a.crash {
+        if let Some(e) = crash_target_error(&a.target) {
+            return Err(e);
+        }
+    }
     let targets = a.target.open()?;
     let o = FsmarkOpts {
         dirs: a.dirs.clone(),
@@ -631,18 +663,6 @@ fn run_fsmark(a: FsmarkArgs) -> Result<(), String> {
         meter: None,
     };
     let json = a.target.json;
-    if a.crash
-        && (targets.len() != 1
-            || a.target
-                .device
-                .as_deref()
-                .is_none_or(|d| d.starts_with("sim")))
-    {
-        return Err(
-            "fsmark: --crash needs one wbstack target on a file or block device (a simulated device's contents die with the process)"
-                .into(),
-        );
-    }
     for fs in targets {
         if !json {
             let threads = if o.threads == 0 {
