@@ -502,9 +502,15 @@ struct BlkArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-    /// Also run fio (io_uring, O_DIRECT) with the same job on the same file:PATH.
+    /// Also run fio (io_uring, O_DIRECT) with the same job on the same file:PATH: the
+    /// same rw, bs, iodepth, batch and jobs, each job over the same region.
     #[arg(long)]
     fio: bool,
+    /// With --fio: run fio first. The side that runs second finds the file (and a
+    /// disk's cache and wear) as the first left it, so a fair comparison alternates
+    /// the order over rounds (scripts/vs-fio does).
+    #[arg(long, requires = "fio")]
+    fio_first: bool,
 }
 
 fn run_lab(a: LabArgs) -> Result<(), String> {
@@ -559,35 +565,47 @@ fn run_blk(a: BlkArgs) -> Result<(), String> {
     } else {
         None
     };
-    let r = blkbench::run(&job)?;
-    let fio = match &fio_path {
-        Some(p) => {
-            let span = a
-                .size
-                .unwrap_or_else(|| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0));
-            Some(wbstack_cli::fio::run(&wbstack_cli::fio::FioJob {
-                path: p,
-                rw: a.rw.name(),
-                bs: a.bs as usize,
-                iodepth: a.iodepth,
-                batch: a.iodepth_batch,
-                jobs: a.jobs,
-                runtime_s: a.runtime.as_secs_f64(),
-                size: span,
-            })?)
+    let run_fio = |layout: blkbench::Layout, path: &str| {
+        wbstack_cli::fio::run(&wbstack_cli::fio::FioJob {
+            path,
+            rw: a.rw.name(),
+            bs: a.bs as usize,
+            iodepth: a.iodepth,
+            batch: a.iodepth_batch,
+            jobs: a.jobs,
+            runtime_s: a.runtime.as_secs_f64(),
+            layout,
+        })
+    };
+    let (r, fio) = match &fio_path {
+        None => (blkbench::run(&job)?, None),
+        Some(p) if a.fio_first => {
+            let f = run_fio(blkbench::layout(&job)?, p)?;
+            (blkbench::run(&job)?, Some(f))
         }
-        None => None,
+        Some(p) => {
+            let r = blkbench::run(&job)?;
+            let f = run_fio(r.layout, p)?;
+            (r, Some(f))
+        }
+    };
+    let order = if a.fio_first {
+        ["fio", "wbstack"]
+    } else {
+        ["wbstack", "fio"]
     };
     if a.json {
         let mut v = serde_json::to_value(&r).map_err(|e| e.to_string())?;
         if let Some(f) = &fio {
             v["fio"] = serde_json::to_value(f).map_err(|e| e.to_string())?;
             v["vs_fio"] = serde_json::json!(r.iops / f.iops.max(1.0));
+            v["order"] = serde_json::json!(order);
         }
         println!("{v}");
     } else {
         blkbench::print_human(&r);
         if let Some(f) = &fio {
+            println!("run order: {}, then {}", order[0], order[1]);
             println!(
                 "fio (io_uring, direct, same job): IOPS={}, BW={:.1}MiB/s, p50={:.1}us p99={:.1}us, usr={:.1}% sys={:.1}%",
                 wbstack_cli::util::si(f.iops),
