@@ -7,10 +7,10 @@ use wbstack::block::{QueueConfig, RequestQueue};
 use wbstack::fs::fsck::{fsck, FsckReport};
 use wbstack::fs::{MkfsOptions, MountOptions, Volume};
 
-/// A bare path means a file (or block device) opened through io_uring and O_DIRECT.
+/// A bare path means a file (or block device) opened through io_uring and O_DIRECT;
+/// a spec is one whose first token is a device kind ([`wbstack::dev::spec_kind`]).
 pub fn spec_of(image: &str) -> String {
-    let kinds = ["file:", "sim:", "null"];
-    if kinds.iter().any(|k| image.starts_with(k)) {
+    if wbstack::dev::spec_kind(image).is_some() {
         image.to_string()
     } else {
         format!("file:{image}")
@@ -188,4 +188,26 @@ pub fn print_info(r: &InfoReport) {
         r.unmount_s,
         r.rss_kib_mounted.map_or("?".into(), |k| k.to_string())
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spec_of;
+
+    #[test]
+    fn an_image_path_is_a_spec_only_if_its_first_token_is_a_device_kind() {
+        for (image, spec) in [
+            ("nullimage.img", "file:nullimage.img"),
+            ("null.img", "file:null.img"),
+            ("simple.img", "file:simple.img"),
+            ("filesystem.img", "file:filesystem.img"),
+            ("/tmp/null", "file:/tmp/null"),
+            ("null", "null"),
+            ("null,size=1G", "null,size=1G"),
+            ("sim:ssd,size=64M", "sim:ssd,size=64M"),
+            ("file:null.img", "file:null.img"),
+        ] {
+            assert_eq!(spec_of(image), spec, "{image}");
+        }
+    }
 }

@@ -46,6 +46,11 @@ pub trait BenchFs: Send + Sync {
     fn settle(&self) -> io::Result<bool> {
         Ok(true)
     }
+    /// Journal commits since mount, if the filesystem counts them where a tool can read
+    /// them (wbstack's volume), so a tool counts them over its own window.
+    fn journal_commits(&self) -> Option<u64> {
+        None
+    }
     /// Whatever else the filesystem measures (wbstack: writeback fairness).
     fn extra_stats(&self) -> serde_json::Value {
         serde_json::Value::Null

@@ -75,6 +75,58 @@ pub struct BlkJob {
     pub batch: usize,
 }
 
+/// Where each job's IO goes, in blocks of `bs`: job `i` ranges over `job_blocks` blocks
+/// from block `i * stride_blocks`. fio's `--fio` job is made from the same numbers
+/// (its size and offset_increment), so the two sides do the same IO.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Layout {
+    pub bs: u64,
+    pub job_blocks: u64,
+    pub stride_blocks: u64,
+}
+
+impl Layout {
+    /// Random jobs each range over the whole span (as fio's jobs do by default);
+    /// sequential jobs each get their own 1/jobs of it and wrap around within it, so
+    /// they neither merge into one stream nor write the same blocks.
+    pub fn new(rw: Rw, bs: usize, span_blocks: u64, jobs: usize) -> Result<Layout, String> {
+        let bs = bs as u64;
+        if !rw.is_random() {
+            let job_blocks = span_blocks / jobs as u64;
+            if job_blocks == 0 {
+                return Err(format!(
+                    "the device's {span_blocks} blocks of {bs} bytes are fewer than --jobs {jobs}: each sequential job needs a region of its own"
+                ));
+            }
+            return Ok(Layout {
+                bs,
+                job_blocks,
+                stride_blocks: job_blocks,
+            });
+        }
+        Ok(Layout {
+            bs,
+            job_blocks: span_blocks,
+            stride_blocks: 0,
+        })
+    }
+
+    /// (first block, blocks) of job `idx`.
+    pub fn region(&self, idx: usize) -> (u64, u64) {
+        (self.stride_blocks * idx as u64, self.job_blocks)
+    }
+
+    /// fio's `size`: the bytes each job ranges over.
+    pub fn job_size_bytes(&self) -> u64 {
+        self.job_blocks * self.bs
+    }
+
+    /// fio's `offset_increment`: where each job's range starts after the one before.
+    pub fn offset_increment_bytes(&self) -> u64 {
+        self.stride_blocks * self.bs
+    }
+}
+
 /// How long a polling job waits in the device before looking at its deadline again.
 const POLL_WAIT_NS: u64 = 1_000_000;
 
@@ -88,6 +140,9 @@ pub struct BlkReport {
     /// Bios per plug (0: the whole free depth).
     pub iodepth_batch: usize,
     pub iostats: IoStatsMode,
+    /// Where the jobs' IO went: job i over `layout.job_blocks` blocks from
+    /// `i * layout.stride_blocks`.
+    pub layout: Layout,
     pub ios: u64,
     pub wall_s: f64,
     pub iops: f64,
@@ -143,7 +198,7 @@ fn run_job(
     q: Arc<RequestQueue>,
     job: BlkJob,
     idx: usize,
-    span_blocks: u64,
+    layout: Layout,
     start: Arc<Barrier>,
 ) -> JobOut {
     let sink = Arc::new(JobSink {
@@ -178,8 +233,8 @@ fn run_job(
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .wrapping_add(idx as u64 * 7919 + 1)
         | 1;
-    // Sequential jobs start at different places so they do not all merge into one.
-    let mut next_seq = (span_blocks / job.jobs as u64) * idx as u64;
+    let (first_block, blocks) = layout.region(idx);
+    let mut next_seq = 0u64;
     let sectors_per_block = (job.bs / 512) as u64;
     let base = Instant::now();
     let mut inflight = 0usize;
@@ -202,13 +257,14 @@ fn run_job(
                     plug = Some(Plug::start());
                 }
                 let Some(mut bio) = free.pop() else { break };
-                let blk = if job.rw.is_random() {
-                    xorshift(&mut rng) % span_blocks
-                } else {
-                    let b = next_seq % span_blocks;
-                    next_seq += 1;
-                    b
-                };
+                let blk = first_block
+                    + if job.rw.is_random() {
+                        xorshift(&mut rng) % blocks
+                    } else {
+                        let b = next_seq % blocks;
+                        next_seq += 1;
+                        b
+                    };
                 bio.sector = blk * sectors_per_block;
                 bio.private = base.elapsed().as_nanos() as u64;
                 if let Err(e) = q.submit_bio(bio) {
@@ -280,7 +336,8 @@ fn run_job(
     }
 }
 
-pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
+/// The device opened for `job`, and where its jobs' IO goes.
+fn open(job: &BlkJob) -> Result<(Arc<RequestQueue>, Layout), String> {
     if job.jobs == 0 || job.iodepth == 0 {
         return Err("--jobs and --iodepth must be at least 1".into());
     }
@@ -310,6 +367,18 @@ pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
             job.bs
         ));
     }
+    let layout = Layout::new(job.rw, job.bs, span_blocks, job.jobs)?;
+    Ok((q, layout))
+}
+
+/// Where `job`'s IO would go on its device (opened, then closed again), for a tool that
+/// runs the same job elsewhere first (`--fio --fio-first`).
+pub fn layout(job: &BlkJob) -> Result<Layout, String> {
+    Ok(open(job)?.1)
+}
+
+pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
+    let (q, layout) = open(job)?;
     let before = q.diskstats();
     let start = Arc::new(Barrier::new(job.jobs + 1));
     let pcpu0 = process_cpu();
@@ -318,7 +387,7 @@ pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
             let (q, job, start) = (q.clone(), job.clone(), start.clone());
             std::thread::Builder::new()
                 .name(format!("blk-job{i}"))
-                .spawn(move || run_job(q, job, i, span_blocks, start))
+                .spawn(move || run_job(q, job, i, layout, start))
                 .map_err(|e| format!("cannot start job thread: {e}"))
         })
         .collect::<Result<_, _>>()?;
@@ -355,6 +424,7 @@ pub fn run(job: &BlkJob) -> Result<BlkReport, String> {
         iodepth: job.iodepth,
         iodepth_batch: job.batch,
         iostats: job.iostats,
+        layout,
         ios,
         wall_s: wall,
         iops: ios as f64 / wall,
@@ -382,6 +452,11 @@ pub fn print_human(r: &BlkReport) {
         r.iodepth_batch,
         r.iostats,
         r.wall_s
+    );
+    println!(
+        "  each job over {} bytes, job i from i x {} bytes",
+        r.layout.job_size_bytes(),
+        r.layout.offset_increment_bytes()
     );
     println!(
         "  IOPS={}, BW={:.1}MiB/s, usr={:.1}%, sys={:.1}% (per job; process {:.1}% of all CPUs)",

@@ -134,8 +134,13 @@ pub struct FsmarkLoop {
     pub write_mib_s: Option<f64>,
     pub avg_write_kib: Option<f64>,
     pub flushes: Option<u64>,
+    /// Journal commits over the loop; null when the filesystem does not count them.
+    pub journal_commits: Option<u64>,
 }
 
+/// The whole run's figures. Every count (fsyncs, device writes and flushes, journal
+/// commits) and every rate made from one covers the same window, the one `wall_s`
+/// times: the loops and the final sync, not the untimed unlinks between loops.
 #[derive(Clone, Debug, Serialize)]
 pub struct FsmarkTotals {
     pub files: u64,
@@ -155,6 +160,7 @@ pub struct FsmarkTotals {
     pub write_mib_s: Option<f64>,
     pub avg_write_kib: Option<f64>,
     pub flushes: Option<u64>,
+    pub journal_commits: Option<u64>,
     pub write_ios_per_1000_files: Option<f64>,
     pub flushes_per_file: Option<f64>,
 }
@@ -444,6 +450,8 @@ pub fn run_with(
     // loops (fs_mark leaves unlink time out of its figures too).
     let run_cpu0 = process_cpu();
     let mut run_disk = fs.disk_stats().map(|_| DiskStats::default());
+    let mut run_commits = fs.journal_commits().map(|_| 0u64);
+    let commits_between = |a: Option<u64>, b: Option<u64>| Some(b?.saturating_sub(a?));
     let mut loops_s = 0.0;
     let mut loops = Vec::new();
     let mut count = 0u64;
@@ -453,6 +461,7 @@ pub fn run_with(
     let mut last_created = Vec::new();
     for loop_no in 0..o.loops {
         let disk0 = fs.disk_stats();
+        let commits0 = fs.journal_commits();
         let cpu0 = process_cpu();
         let t0 = Instant::now();
         let results: Vec<Result<(ThreadLoop, Vec<String>), String>> = std::thread::scope(|s| {
@@ -478,8 +487,12 @@ pub fn run_with(
         let wall = t0.elapsed().as_secs_f64();
         loops_s += wall;
         let disk1 = fs.disk_stats();
+        let loop_commits = commits_between(commits0, fs.journal_commits());
         if let (Some(acc), Some(a), Some(b)) = (run_disk.as_mut(), &disk1, &disk0) {
             add_stats(acc, &a.delta(b));
+        }
+        if let (Some(acc), Some(c)) = (run_commits.as_mut(), loop_commits) {
+            *acc += c;
         }
         let cpu = process_cpu() - cpu0;
         let mut files_per_sec = 0.0;
@@ -518,6 +531,7 @@ pub fn run_with(
             write_mib_s: dev.map(|d| d.write_mib_s),
             avg_write_kib: dev.map(|d| d.avg_write_kib),
             flushes: dev.map(|d| d.flushes),
+            journal_commits: loop_commits,
         };
         on_loop(&l);
         loops.push(l);
@@ -532,6 +546,7 @@ pub fn run_with(
         }
     }
     let disk0 = fs.disk_stats();
+    let commits0 = fs.journal_commits();
     let ts = Instant::now();
     if o.final_sync {
         fs.sync().map_err(err("fsmark: sync"))?;
@@ -540,6 +555,12 @@ pub fn run_with(
     let wall_s = loops_s + sync_s;
     if let (Some(acc), Some(a), Some(b)) = (run_disk.as_mut(), &fs.disk_stats(), &disk0) {
         add_stats(acc, &a.delta(b));
+    }
+    if let (Some(acc), Some(c)) = (
+        run_commits.as_mut(),
+        commits_between(commits0, fs.journal_commits()),
+    ) {
+        *acc += c;
     }
     let cpu = process_cpu() - run_cpu0;
     for p in &last_created {
@@ -564,6 +585,7 @@ pub fn run_with(
         write_mib_s: dev.map(|d| d.write_mib_s),
         avg_write_kib: dev.map(|d| d.avg_write_kib),
         flushes: dev.map(|d| d.flushes),
+        journal_commits: run_commits,
         write_ios_per_1000_files: dev.map(|d| d.write_ios as f64 * 1000.0 / files as f64),
         flushes_per_file: dev.map(|d| d.flushes as f64 / files as f64),
     };

@@ -502,9 +502,15 @@ struct BlkArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-    /// Also run fio (io_uring, O_DIRECT) with the same job on the same file:PATH.
+    /// Also run fio (io_uring, O_DIRECT) with the same job on the same file:PATH: the
+    /// same rw, bs, iodepth, batch and jobs, each job over the same region.
     #[arg(long)]
     fio: bool,
+    /// With --fio: run fio first. The side that runs second finds the file (and a
+    /// disk's cache and wear) as the first left it, so a fair comparison alternates
+    /// the order over rounds (scripts/vs-fio does).
+    #[arg(long, requires = "fio")]
+    fio_first: bool,
 }
 
 fn run_lab(a: LabArgs) -> Result<(), String> {
@@ -559,35 +565,47 @@ fn run_blk(a: BlkArgs) -> Result<(), String> {
     } else {
         None
     };
-    let r = blkbench::run(&job)?;
-    let fio = match &fio_path {
-        Some(p) => {
-            let span = a
-                .size
-                .unwrap_or_else(|| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0));
-            Some(wbstack_cli::fio::run(&wbstack_cli::fio::FioJob {
-                path: p,
-                rw: a.rw.name(),
-                bs: a.bs as usize,
-                iodepth: a.iodepth,
-                batch: a.iodepth_batch,
-                jobs: a.jobs,
-                runtime_s: a.runtime.as_secs_f64(),
-                size: span,
-            })?)
+    let run_fio = |layout: blkbench::Layout, path: &str| {
+        wbstack_cli::fio::run(&wbstack_cli::fio::FioJob {
+            path,
+            rw: a.rw.name(),
+            bs: a.bs as usize,
+            iodepth: a.iodepth,
+            batch: a.iodepth_batch,
+            jobs: a.jobs,
+            runtime_s: a.runtime.as_secs_f64(),
+            layout,
+        })
+    };
+    let (r, fio) = match &fio_path {
+        None => (blkbench::run(&job)?, None),
+        Some(p) if a.fio_first => {
+            let f = run_fio(blkbench::layout(&job)?, p)?;
+            (blkbench::run(&job)?, Some(f))
         }
-        None => None,
+        Some(p) => {
+            let r = blkbench::run(&job)?;
+            let f = run_fio(r.layout, p)?;
+            (r, Some(f))
+        }
+    };
+    let order = if a.fio_first {
+        ["fio", "wbstack"]
+    } else {
+        ["wbstack", "fio"]
     };
     if a.json {
         let mut v = serde_json::to_value(&r).map_err(|e| e.to_string())?;
         if let Some(f) = &fio {
             v["fio"] = serde_json::to_value(f).map_err(|e| e.to_string())?;
             v["vs_fio"] = serde_json::json!(r.iops / f.iops.max(1.0));
+            v["order"] = serde_json::json!(order);
         }
         println!("{v}");
     } else {
         blkbench::print_human(&r);
         if let Some(f) = &fio {
+            println!("run order: {}, then {}", order[0], order[1]);
             println!(
                 "fio (io_uring, direct, same job): IOPS={}, BW={:.1}MiB/s, p50={:.1}us p99={:.1}us, usr={:.1}% sys={:.1}%",
                 wbstack_cli::util::si(f.iops),
@@ -611,7 +629,39 @@ fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
     Ok(())
 }
 
+/// Why `fsmark --crash` cannot run on these targets, if it cannot. The crash leaves the
+/// image for the next process to mount and replay (`wbstack info IMG`), so the device
+/// must outlive this process: a file or block device. Checked before the targets are
+/// opened, which formats them.
+fn crash_target_error(t: &TargetArgs) -> Option<String> {
+    const NEED: &str =
+        "fsmark: --crash needs one wbstack target on a file or block device (--device file:PATH, no --dir-path)";
+    if t.dir_path.is_some() {
+        return Some(format!(
+            "{NEED}: a kernel filesystem cannot be left crashed by this process"
+        ));
+    }
+    let Some(dev) = t.device.as_deref() else {
+        return Some(NEED.into());
+    };
+    match wbstack::dev::spec_kind(dev) {
+        Some("null") => Some(format!(
+            "{NEED}: the null device keeps no data past this process (memory_backed=1 holds it in this process's memory), so there would be nothing to mount and replay"
+        )),
+        Some("sim") => Some(format!(
+            "{NEED}: a simulated device's contents die with the process (`wbstack crashtest` cuts the power of one within the process)"
+        )),
+        // A file, or a spec that opening the targets refuses with its own reason.
+        _ => None,
+    }
+}
+
 fn run_fsmark(a: FsmarkArgs) -> Result<(), String> {
+    if a.crash {
+        if let Some(e) = crash_target_error(&a.target) {
+            return Err(e);
+        }
+    }
     let targets = a.target.open()?;
     let o = FsmarkOpts {
         dirs: a.dirs.clone(),
@@ -631,18 +681,6 @@ fn run_fsmark(a: FsmarkArgs) -> Result<(), String> {
         meter: None,
     };
     let json = a.target.json;
-    if a.crash
-        && (targets.len() != 1
-            || a.target
-                .device
-                .as_deref()
-                .is_none_or(|d| d.starts_with("sim")))
-    {
-        return Err(
-            "fsmark: --crash needs one wbstack target on a file or block device (a simulated device's contents die with the process)"
-                .into(),
-        );
-    }
     for fs in targets {
         if !json {
             let threads = if o.threads == 0 {

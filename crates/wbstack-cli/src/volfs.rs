@@ -99,6 +99,9 @@ impl BenchFs for VolumeFs {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
+    fn journal_commits(&self) -> Option<u64> {
+        Some(self.vol.journal_stats().commits)
+    }
     fn extra_stats(&self) -> serde_json::Value {
         let f = self.vol.bdi().fairness();
         let j = self.vol.journal_stats();

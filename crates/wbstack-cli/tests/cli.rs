@@ -162,6 +162,13 @@ fn bad_input_is_a_clear_error() {
         (&["bench", "blk", "--bs", "1000"], "multiple of 512"),
         (&["bench", "blk", "--rw", "sideways"], "unknown --rw"),
         (
+            &[
+                "bench", "blk", "--rw", "read", "--jobs", "4", "--size", "8k",
+            ],
+            "fewer than --jobs 4",
+        ),
+        (&["bench", "blk", "--fio-first"], "--fio"),
+        (
             &["bench", "blk", "--iostats", "maybe"],
             "unknown iostats mode",
         ),

@@ -266,6 +266,28 @@ fn bad_input_is_a_clear_error() {
             "too small",
         ),
         (&["bench", "fsmark", "--dir-path", d], "-d"),
+        // --crash leaves the image for another process to replay: a device whose
+        // contents end with this process is refused, naming why.
+        (
+            &["bench", "fsmark", "--device", "null", "-d", "x", "--crash"],
+            "the null device keeps no data past this process",
+        ),
+        (
+            &[
+                "bench",
+                "fsmark",
+                "--device",
+                "null,memory_backed=1",
+                "-d",
+                "x",
+                "--crash",
+            ],
+            "the null device keeps no data past this process",
+        ),
+        (
+            &["bench", "fsmark", "--dir-path", d, "-d", "x", "--crash"],
+            "--crash needs one wbstack target on a file or block device",
+        ),
         (
             &["bench", "fsmark", "--dir-path", d, "-d", "x", "-S", "2"],
             "sync method",

@@ -276,6 +276,7 @@ fn table_lines_have_fs_marks_columns() {
         write_mib_s: None,
         avg_write_kib: None,
         flushes: None,
+        journal_commits: None,
     };
     assert!(
         fsmark::loop_line(&l)
@@ -308,4 +309,45 @@ fn the_final_sync_writes_the_last_loops_files_before_they_are_deleted() {
     );
     let left = vol.volume().readdir("/s").unwrap();
     assert!(left.is_empty(), "{} files left after the run", left.len());
+}
+
+/// The totals' counts cover the loops and the final sync and nothing else: without a
+/// final sync they are exactly the loops' sums, and the unlinks between loops (untimed)
+/// are left out, as fs_mark leaves them out of its times.
+#[test]
+fn the_totals_count_the_loops_and_the_final_sync_only() {
+    let vol = wbstack_cli::volfs::open_vol("sim:ssd,size=256M", "").unwrap();
+    let fs: Arc<dyn BenchFs> = vol.clone();
+    let o = FsmarkOpts {
+        dirs: vec!["w".into()],
+        files: 60,
+        size: 4096,
+        loops: 3,
+        keep: false,
+        sync: SyncMethod::Fsync,
+        final_sync: false,
+        ..Default::default()
+    };
+    let commits0 = vol.volume().journal_stats().commits;
+    let r = fsmark::run(&o, fs.clone()).unwrap();
+    let commits_whole_run = vol.volume().journal_stats().commits - commits0;
+    let t = &r.totals;
+    let sum = |f: fn(&fsmark::FsmarkLoop) -> Option<u64>| -> u64 {
+        r.loops.iter().map(|l| f(l).unwrap()).sum()
+    };
+    assert_eq!(t.fsyncs, 180);
+    assert_eq!(t.write_ios.unwrap(), sum(|l| l.write_ios));
+    assert_eq!(t.flushes.unwrap(), sum(|l| l.flushes));
+    assert_eq!(t.journal_commits.unwrap(), sum(|l| l.journal_commits));
+    for l in &r.loops {
+        // One thread: each fsync has new data of its own to write.
+        assert!(l.write_ios.unwrap() >= l.fsyncs, "{l:?}");
+        assert!(l.journal_commits.unwrap() >= 1, "{l:?}");
+    }
+    // The window lies within the run.
+    assert!(
+        commits_whole_run >= t.journal_commits.unwrap(),
+        "{commits_whole_run} commits in the whole run, {} in the loops",
+        t.journal_commits.unwrap()
+    );
 }

@@ -1,7 +1,7 @@
 //! Seed 004: fs_mark with fsync, group commit and async flush.
 
 use crate::benchfs::BenchFs;
-use crate::fsmark::{self, FsmarkOpts, SyncMethod};
+use crate::fsmark::{self, FsmarkOpts, FsmarkReport, SyncMethod};
 use crate::lab::plots::{Plot, PlotKind};
 use crate::lab::ArmRun;
 use crate::lab::{fmt_int, outln, Experiment, LabOpts};
@@ -9,6 +9,11 @@ use crate::meter::Meter;
 use crate::volfs;
 use serde::Serialize;
 use std::sync::Arc;
+
+/// The window of every count in an arm and of every ratio or rate made from them:
+/// fs_mark's loops and its final sync, the time `wall_s` measures, and not the untimed
+/// unlinks between loops (`bench fsmark`'s totals, so the arm's command shows the same).
+pub const FSYNC_WINDOW: &str = "loops_and_final_sync";
 
 #[derive(Serialize, Clone, Debug)]
 pub struct FsyncArm {
@@ -23,6 +28,8 @@ pub struct FsyncArm {
     pub commit_flush_always: bool,
     /// The mount's logbufs: journal writes in flight at once.
     pub logbufs: usize,
+    /// What the counts below cover: [`FSYNC_WINDOW`].
+    pub window: &'static str,
     pub files: u64,
     /// fs_mark's average files/s over the loops.
     pub files_per_sec: f64,
@@ -32,16 +39,66 @@ pub struct FsyncArm {
     pub last_loop_files_per_sec: f64,
     /// fsync calls (-S1) or asynchronous flushes (-A).
     pub fsyncs: u64,
-    /// Cache flushes the device executed (empty flushes and PREFLUSH writes).
+    /// Cache flushes the device completed (empty flushes and PREFLUSH writes, counted
+    /// as diskstats counts them).
     pub device_flushes: u64,
+    /// fsyncs / device_flushes.
     pub fsyncs_per_flush: f64,
     pub journal_commits: u64,
+    /// Write requests the device completed.
     pub write_ios: u64,
+    /// write_ios / wall_s.
     pub write_iops: f64,
-    /// fsyncs retired per device IO (writes + flushes), the seed's "10 per IO".
+    /// fsyncs retired per device IO, fsyncs / (write_ios + device_flushes): the seed's
+    /// "10 per IO".
     pub fsyncs_per_device_io: f64,
     pub cpu_s: f64,
+    /// The window's time.
     pub wall_s: f64,
+}
+
+/// An arm's figures from its fs_mark run, each count over [`FSYNC_WINDOW`]: fs_mark
+/// counts them all over the window it times. (They were taken over different windows
+/// before: the device's from the format to the end of the run, unlinks included, the
+/// commits since the mount, fs_mark's over its own, so their ratios were off.)
+fn arm_figures(arm: &ArmSpec, r: &FsmarkReport) -> Result<FsyncArm, String> {
+    let t = &r.totals;
+    let missing = |what: &str| format!("fsync {}: fs_mark counted no {what}", arm.name);
+    let write_ios = t.write_ios.ok_or_else(|| missing("device writes"))?;
+    let flushes = t.flushes.ok_or_else(|| missing("device flushes"))?;
+    let commits = t
+        .journal_commits
+        .ok_or_else(|| missing("journal commits"))?;
+    Ok(FsyncArm {
+        name: arm.name.into(),
+        sync: sync_flag(arm.sync).into(),
+        threads: arm.threads,
+        journal_data_kb: arm.journal_data_kb,
+        commit_flush_always: arm.commit_flush_always,
+        logbufs: arm.logbufs,
+        window: FSYNC_WINDOW,
+        files: t.files,
+        files_per_sec: t.files_per_sec,
+        files_per_sec_incl_sync: t.files_per_sec_incl_sync,
+        last_loop_files_per_sec: r.loops.last().map_or(0.0, |l| l.files_per_sec),
+        fsyncs: t.fsyncs,
+        device_flushes: flushes,
+        fsyncs_per_flush: t.fsyncs as f64 / flushes.max(1) as f64,
+        journal_commits: commits,
+        write_ios,
+        write_iops: write_ios as f64 / t.wall_s.max(1e-9),
+        fsyncs_per_device_io: t.fsyncs as f64 / (write_ios + flushes).max(1) as f64,
+        cpu_s: t.cpu_s,
+        wall_s: t.wall_s,
+    })
+}
+
+fn sync_flag(sync: SyncMethod) -> &'static str {
+    match sync {
+        SyncMethod::None => "0",
+        SyncMethod::Fsync => "1",
+        SyncMethod::Async => "A",
+    }
 }
 
 /// The device of seed 004's sketch: an SSD with a volatile cache (each flush costs
@@ -137,8 +194,6 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
             ..mount.clone()
         };
         let vfs = Arc::new(volfs::VolumeFs::format(FSYNC_DEVICE, mopts)?);
-        let sim = || volfs::sim_stats(&vfs).unwrap_or_default();
-        let before = sim();
         // The 1-thread arm writes as many files per thread as the others in total would
         // take too long at fsync speed: a quarter of one thread's share is enough to
         // measure its rate.
@@ -154,11 +209,7 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
             final_sync: true,
             ..Default::default()
         };
-        let sync_flag = match sync {
-            SyncMethod::None => "0",
-            SyncMethod::Fsync => "1",
-            SyncMethod::Async => "A",
-        };
+        let sync_flag = sync_flag(sync);
         commands.push(format!(
             "wbstack bench fsmark --device {FSYNC_DEVICE} -o cache_size={cache},journal_data_kb={jdata_kb},logbufs={logbufs}{} {} -D 100 -S{sync_flag} -n {per_thread} -s 4096 -L {loops}{}",
             if flush_always { ",commit_flush=always" } else { "" },
@@ -179,32 +230,7 @@ pub fn fsync(o: &LabOpts) -> Result<Experiment<FsyncArm>, String> {
         };
         let r = fsmark::run(&opts, vfs.clone() as Arc<dyn BenchFs>);
         timelines.push(run.finish());
-        let r = r?;
-        let after = sim();
-        let t = &r.totals;
-        let flushes = after.flushes - before.flushes;
-        let device_ios = (after.writes - before.writes) + flushes;
-        arms.push(FsyncArm {
-            name: name.into(),
-            sync: sync_flag.into(),
-            threads,
-            journal_data_kb: jdata_kb,
-            commit_flush_always: flush_always,
-            logbufs,
-            files: t.files,
-            files_per_sec: t.files_per_sec,
-            files_per_sec_incl_sync: t.files_per_sec_incl_sync,
-            last_loop_files_per_sec: r.loops.last().map_or(0.0, |l| l.files_per_sec),
-            fsyncs: t.fsyncs,
-            device_flushes: flushes,
-            fsyncs_per_flush: t.fsyncs as f64 / flushes.max(1) as f64,
-            journal_commits: vfs.volume().journal_stats().commits,
-            write_ios: t.write_ios.unwrap_or(0),
-            write_iops: t.write_iops.unwrap_or(0.0),
-            fsyncs_per_device_io: t.fsyncs as f64 / device_ios.max(1) as f64,
-            cpu_s: t.cpu_s,
-            wall_s: t.wall_s,
-        });
+        arms.push(arm_figures(&arm, &r?)?);
     }
     let mut rate = Plot::new(
         "fsync-rate",
@@ -256,6 +282,10 @@ pub fn table_fsync(e: &Experiment<FsyncArm>) -> String {
     if let Some(n) = &e.note {
         outln!(out, "{n}");
     }
+    outln!(
+        out,
+        "fsyncs, flushes, commits and the ratios and IOPS made from them: over fs_mark's loops and final sync ({FSYNC_WINDOW}), the time of \"incl sync\""
+    );
     outln!(out);
     outln!(
         out,
@@ -368,4 +398,70 @@ pub fn table_fsync(e: &Experiment<FsyncArm>) -> String {
 
 pub fn print_fsync(e: &Experiment<FsyncArm>) {
     print!("{}", table_fsync(e));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An arm's counts are fs_mark's over one window, its ratios are made of those very
+    /// counts, and the table prints what the JSON holds.
+    #[test]
+    fn an_arms_counts_and_ratios_share_one_window_and_the_table_shows_them() {
+        let arm = ArmSpec::new("S1-1", SyncMethod::Fsync, 1);
+        let vfs = Arc::new(
+            volfs::VolumeFs::format("sim:ssd,size=256M,seed=1", Default::default()).unwrap(),
+        );
+        let opts = FsmarkOpts {
+            dirs: vec!["0".into()],
+            subdirs: 4,
+            files: 50,
+            size: 4096,
+            loops: 2,
+            sync: SyncMethod::Fsync,
+            final_sync: true,
+            ..Default::default()
+        };
+        let r = fsmark::run(&opts, vfs.clone() as Arc<dyn BenchFs>).unwrap();
+        let a = arm_figures(&arm, &r).unwrap();
+        assert_eq!(a.window, FSYNC_WINDOW);
+        assert_eq!((a.files, a.fsyncs), (100, 100));
+        let t = &r.totals;
+        assert_eq!(Some(a.write_ios), t.write_ios);
+        assert_eq!(Some(a.device_flushes), t.flushes);
+        assert_eq!(Some(a.journal_commits), t.journal_commits);
+        assert_eq!(
+            a.fsyncs_per_flush,
+            a.fsyncs as f64 / a.device_flushes as f64
+        );
+        assert_eq!(
+            a.fsyncs_per_device_io,
+            a.fsyncs as f64 / (a.write_ios + a.device_flushes) as f64
+        );
+        // One thread: each fsync has new data of its own to write, so no device IO
+        // serves two of them.
+        assert!(a.fsyncs_per_device_io < 1.0, "{a:?}");
+        // The window's commits, within the volume's since its mount.
+        assert!(vfs.volume().journal_stats().commits >= a.journal_commits);
+
+        let e = Experiment {
+            experiment: "fsync",
+            arms: vec![a.clone()],
+            note: None,
+            plots: Vec::new(),
+            commands: Vec::new(),
+        };
+        let table = table_fsync(&e);
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("S1-1 "))
+            .unwrap_or_else(|| panic!("no row for the arm: {table}"));
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols[5], a.fsyncs.to_string(), "{row}");
+        assert_eq!(cols[6], a.device_flushes.to_string(), "{row}");
+        assert_eq!(cols[7], a.journal_commits.to_string(), "{row}");
+        assert_eq!(cols[8], format!("{:.1}", a.fsyncs_per_flush), "{row}");
+        assert_eq!(cols[10], format!("{:.1}", a.fsyncs_per_device_io), "{row}");
+        assert!(table.contains(FSYNC_WINDOW), "{table}");
+    }
 }

@@ -42,7 +42,7 @@ fn plan(a: &MountArgs) -> Result<Plan, String> {
     }
     let spec = crate::admin::spec_of(&a.source);
     // A simulated or null device starts empty: it gets a fresh filesystem.
-    let fresh = spec.starts_with("sim:") || spec.starts_with("null");
+    let fresh = matches!(wbstack::dev::spec_kind(&spec), Some("sim" | "null"));
     if let Some(path) = spec.strip_prefix("file:") {
         let path = path.split(',').next().unwrap_or(path);
         if !Path::new(path).exists() {

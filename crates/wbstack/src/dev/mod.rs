@@ -20,7 +20,7 @@ use crate::clock::ClockRef;
 use std::any::Any;
 use std::sync::Arc;
 
-pub use spec::{parse_duration, parse_size, DeviceSpec, SpecError};
+pub use spec::{parse_duration, parse_size, spec_kind, DeviceSpec, SpecError};
 
 /// The device's geometry and queue properties (the kernel's queue limits).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,10 +140,18 @@ pub fn open(spec: &str, clock: ClockRef) -> Result<DeviceRef, SpecError> {
         "null" => Ok(Arc::new(null::NullDevice::from_spec(&parsed, clock)?)),
         "sim:ssd" | "sim:hdd" => Ok(Arc::new(sim::SimDevice::from_spec(&parsed, clock)?)),
         "file" => Ok(Arc::new(uring::UringDevice::from_spec(&parsed)?)),
-        other => Err(SpecError::new(
-            spec,
-            format!("unknown device kind '{other}' (expected null, sim:ssd, sim:hdd or file:PATH)"),
-        )),
+        other => {
+            // A bare image path is not a spec here; say how to write it as one.
+            let hint = if other.contains(['/', '.']) {
+                format!("; an image file is file:{other}")
+            } else {
+                String::new()
+            };
+            Err(SpecError::new(
+                spec,
+                format!("unknown device kind '{other}' (expected null, sim:ssd, sim:hdd or file:PATH{hint})"),
+            ))
+        }
     }
 }
 

@@ -19,6 +19,19 @@ impl SpecError {
     }
 }
 
+/// The first token of every spec, up to the first `,` or `:`: `null`, `sim` (of
+/// `sim:ssd`, `sim:hdd`) and `file` (of `file:PATH`).
+const SPEC_KINDS: [&str; 3] = ["null", "sim", "file"];
+
+/// The device kind `s` names (`"null"`, `"sim"` or `"file"`) when it is a spec, None
+/// when it is not. The kind must be the whole first token: a tool that also takes bare
+/// image paths decides with this, and a prefix test would take `nullimage.img` or
+/// `simple.img` for a spec.
+pub fn spec_kind(s: &str) -> Option<&'static str> {
+    let head = s.trim().split([',', ':']).next().unwrap_or_default();
+    SPEC_KINDS.iter().copied().find(|k| *k == head)
+}
+
 /// A parsed spec: the kind (`null`, `sim:ssd`, `sim:hdd`, `file`), for `file` the path,
 /// and the options. Every option must be consumed by the device (`finish`), so a typo
 /// is an error rather than silently ignored.
@@ -257,5 +270,26 @@ mod tests {
         assert_eq!(s.path.as_deref(), Some("/tmp/x.img"));
         assert!(DeviceSpec::parse("file:").is_err());
         assert!(DeviceSpec::parse("null,a=1,a=2").is_err());
+    }
+
+    #[test]
+    fn a_spec_kind_is_the_whole_first_token() {
+        for (s, kind) in [
+            ("null", Some("null")),
+            ("null,size=1G", Some("null")),
+            ("sim:ssd", Some("sim")),
+            ("sim:hdd,seed=2", Some("sim")),
+            ("file:/tmp/x.img", Some("file")),
+            ("file:null.img,size=1G", Some("file")),
+            ("nullimage.img", None),
+            ("null.img", None),
+            ("nullx,size=1G", None),
+            ("simple.img", None),
+            ("files/disk.img", None),
+            ("/tmp/null", None),
+            ("", None),
+        ] {
+            assert_eq!(spec_kind(s), kind, "{s:?}");
+        }
     }
 }
