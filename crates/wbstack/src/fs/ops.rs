@@ -437,9 +437,17 @@ impl Volume {
 
     /// open of an existing inode, with its access checked.
     pub fn open_as(&self, c: &Cred, ino: u64, o: &OpenOptions) -> FsResult<File> {
+        Ok(self.open_reporting_as(c, ino, o)?.0)
+    }
+
+    /// `open_as`, and whether it cleared set-id bits: an O_TRUNC is a truncation, and
+    /// one by `c` clears them as a write does (the VFS's do_truncate on open). A FUSE
+    /// server tells the kernel then, since an OPEN's reply carries no mode.
+    pub fn open_reporting_as(&self, c: &Cred, ino: u64, o: &OpenOptions) -> FsResult<(File, bool)> {
         self.vol.faulting(|| {
+            let mut cleared = false;
             {
-                let st = self.vol.st.lock();
+                let mut st = self.vol.st.lock();
                 let i = st.inode(ino)?;
                 let mut mask = 0;
                 if o.read {
@@ -449,8 +457,15 @@ impl Volume {
                     mask |= MAY_WRITE;
                 }
                 perm::check(c, i, mask, "open")?;
+                // In the hold that checked the permission, so only a caller that may
+                // truncate clears them.
+                if let Some(mode) = perm::kill_suid(c, i).filter(|_| o.truncate) {
+                    st.check_writable()?;
+                    self.set_mode_locked(&mut st, ino, mode, self.vol.now())?;
+                    cleared = true;
+                }
             }
-            self.vol.open_ino(ino, o, false)
+            Ok((self.vol.open_ino(ino, o, false)?, cleared))
         })
     }
 
@@ -494,6 +509,8 @@ impl Volume {
                     Ok((self.vol.open_file(ino, m, o, true)?, s))
                 }
                 Found::Existing(ino) => {
+                    // Stated after the open: a mode its O_TRUNC changed is in the
+                    // reply (a FUSE CREATE's carries the attributes).
                     let f = self.open_as(c, ino, o)?;
                     let s = f.stat()?;
                     Ok((f, s))
