@@ -1177,3 +1177,57 @@ fn a_truncating_open_clears_set_id_bits_and_the_kernel_sees_it_at_once() {
     );
     m.umount();
 }
+
+/// fallocate and copy_file_range change a file's data, and by another user who may
+/// write it they clear its set-id bits and succeed, as on ext4. The kernel strips them
+/// itself first (file_modified), with a SETATTR carrying the mode less the bits from
+/// the caller, who does not own the file: the server takes it as the kernel's own
+/// stripping (ATTR_FORCE), not as a chmod, which only the owner may do. Its reply
+/// carries the mode, so the kernel runs the programs by it at once.
+#[test]
+fn fallocate_and_copy_file_range_by_another_user_clear_set_id_bits() {
+    need("setpriv", "util-linux");
+    need("python3", "python3");
+    let m = Mounted::new("sim:ssd,size=256M", &["allow_other"]);
+    let (u, g, c, s) = (m.p("u"), m.p("g"), m.p("c"), m.p("s"));
+    let (u, g, c, s) = (u.display(), g.display(), c.display(), s.display());
+    // Set-uid root, set-gid root (group-executable), set-uid root, writable by others;
+    // and something to copy from.
+    sh(&format!(
+        "for f in {u} {g} {c}; do cp /usr/bin/id $f; done && chmod 4757 {u} {c} \
+         && chmod 2777 {g} && echo 0123456789abcdef > {s}"
+    ));
+    // A PATH of its own: root's may lead to directories nobody may not enter.
+    let path = "env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    let nobody = format!("setpriv --reuid=65534 --regid=65534 --clear-groups {path}");
+    assert_eq!(sh(&format!("{nobody} {u} -u")).trim(), "0");
+    assert_eq!(sh(&format!("{nobody} {g} -g")).trim(), "0");
+    assert_eq!(sh(&format!("{nobody} {c} -u")).trim(), "0");
+    // Past the end of each ELF file, which leaves it runnable: an extension, a
+    // preallocation that keeps the size, and 16 bytes copied after the end.
+    sh(&format!("{nobody} fallocate -l 1M {u}"));
+    sh(&format!("{nobody} fallocate -n -o 1M -l 4096 {g}"));
+    sh(&format!(
+        "{nobody} python3 -c \"import os; i = os.open('{s}', os.O_RDONLY); \
+         o = os.open('{c}', os.O_WRONLY); \
+         n = os.copy_file_range(i, o, 16, 0, os.fstat(o).st_size); assert n == 16, n\""
+    ));
+    assert_eq!(
+        sh(&format!("{nobody} {u} -u")).trim(),
+        "65534",
+        "run set-uid root after another user's fallocate"
+    );
+    assert_eq!(
+        sh(&format!("{nobody} {g} -g")).trim(),
+        "65534",
+        "run set-gid root after another user's fallocate (KEEP_SIZE)"
+    );
+    assert_eq!(
+        sh(&format!("{nobody} {c} -u")).trim(),
+        "65534",
+        "run set-uid root after another user's copy_file_range"
+    );
+    assert_eq!(sh(&format!("stat -c %a {u} {g} {c}")), "757\n777\n757\n");
+    assert_eq!(sh(&format!("tail -c 16 {c}")), "0123456789abcdef");
+    m.umount();
+}

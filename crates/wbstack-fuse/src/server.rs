@@ -999,8 +999,8 @@ impl fuser::Filesystem for WbFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
@@ -1009,10 +1009,22 @@ impl fuser::Filesystem for WbFs {
     ) {
         self.counters.count(Op::fallocate);
         match self.file(fh).as_deref() {
-            Ok(Handle::File(f)) => match f.fallocate(mode, offset, length) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            },
+            Ok(Handle::File(f)) => {
+                // It changes the data, so it clears set-id bits as a write does. The
+                // kernel has usually done so already with a SETATTR (file_modified),
+                // and this finds nothing to clear; a kernel that did not is told, as
+                // the reply carries no mode.
+                let c = Cred::new(req.uid(), req.gid(), Vec::new());
+                match self.vol().kill_suid_as(&c, ino.0) {
+                    Ok(true) => self.set_id_cleared(ino),
+                    Ok(false) => {}
+                    Err(e) => return reply.error(errno(&e)),
+                }
+                match f.fallocate(mode, offset, length) {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            }
             Ok(_) => reply.error(Errno::EBADF),
             Err(e) => reply.error(*e),
         }

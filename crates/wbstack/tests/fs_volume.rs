@@ -1050,6 +1050,43 @@ fn a_truncating_open_by_another_user_clears_set_id_bits() {
     assert_clean(&q);
 }
 
+/// The mode alone, less the set-id bits a write by the caller clears, is what the
+/// kernel sends before a fallocate or copy_file_range (file_modified): it passes on the
+/// caller's write permission, not the owner's chmod right. Anything more, or a caller
+/// who may not write, is a chmod, refused to a non-owner.
+#[test]
+fn a_mode_that_only_clears_set_id_bits_passes_on_write_permission() {
+    use wbstack::fs::{Cred, SetAttrIno};
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/f", &[7u8; 10_000]);
+    let ino = v.stat("/f").unwrap().ino;
+    let root = Cred::root();
+    let other = Cred::new(2000, 2000, vec![]);
+    let set = |c: &Cred, mode: u32| {
+        let a = SetAttrIno {
+            mode: Some(mode),
+            ..SetAttrIno::default()
+        };
+        v.setattr_as(c, ino, &a).map(|s| s.mode & 0o7777)
+    };
+    set(&root, 0o106757).unwrap();
+    // More than the set-id bits: a chmod.
+    let e = set(&other, 0o100755).unwrap_err();
+    assert_eq!(e.errno(), libc::EPERM, "{e}");
+    // Only set-user-id, where a write clears set-group-id too: a chmod.
+    let e = set(&other, 0o102757).unwrap_err();
+    assert_eq!(e.errno(), libc::EPERM, "{e}");
+    assert_eq!(v.stat("/f").unwrap().mode & 0o7777, 0o6757);
+    assert_eq!(set(&other, 0o100757).unwrap(), 0o757);
+    // Without write permission: a chmod.
+    set(&root, 0o104755).unwrap();
+    let e = set(&other, 0o100755).unwrap_err();
+    assert_eq!(e.errno(), libc::EPERM, "{e}");
+    assert_eq!(v.stat("/f").unwrap().mode & 0o7777, 0o4755);
+    v.unmount().unwrap();
+    assert_clean(&q);
+}
+
 /// A file truncated at its open (the truncation deferred: its new data goes to new
 /// blocks), written, and renamed over another: the commit holding the rename holds
 /// the truncation and the new extents too, even while the flusher, which would

@@ -317,7 +317,10 @@ impl Volume {
 
     /// setattr: chmod, chown, utimensat and truncate, each checked by `fs::perm`, all
     /// of them before anything changes: a refused setattr changes nothing (a truncation
-    /// came first, and a chmod refused after it left the file cut).
+    /// came first, and a chmod refused after it left the file cut). A mode that only
+    /// clears set-id bits as a write by `c` would passes on `c`'s write permission (the
+    /// kernel's own stripping; a chmod(2) doing just that from a non-owner who may
+    /// write passes too, where Linux refuses it: the two look alike here).
     pub fn setattr_as(&self, c: &Cred, ino: u64, a: &SetAttrIno) -> FsResult<Stat> {
         self.vol.faulting(|| {
             let now = self.vol.now();
@@ -359,7 +362,21 @@ impl Volume {
             st.check_writable()?;
             let mode = match decided {
                 Some(mode) => mode,
-                None => attr_checks(c, st.inode(ino)?, a, false)?,
+                None => {
+                    let i = st.inode(ino)?;
+                    // The kernel strips set-id bits itself before a change of the data
+                    // that is neither a write nor a truncation (fallocate,
+                    // copy_file_range: file_modified) and sends the mode less them, alone,
+                    // as from the caller. Taken as that (ATTR_FORCE) from a caller who may
+                    // write the file, not as a chmod, which only the owner may do: such a
+                    // caller may clear them anyway (a truncation to the file's own size).
+                    let forced_mode = a.uid.is_none()
+                        && a.gid.is_none()
+                        && a.mode
+                            .is_some_and(|m| Some(m & 0o7777) == perm::kill_suid(c, i))
+                        && perm::check(c, i, MAY_WRITE, "chmod").is_ok();
+                    attr_checks(c, i, a, forced_mode)?
+                }
             };
             let changed = mode.is_some() || a.uid.is_some() || a.gid.is_some();
             let times = a.atime.is_some() || a.mtime.is_some();
