@@ -1096,3 +1096,138 @@ fn a_write_that_clears_set_id_bits_is_seen_by_the_kernel_at_once() {
     assert_eq!(sh(&format!("stat -c %a {f}")).trim(), "757");
     m.umount();
 }
+
+/// An open with O_TRUNC by another user clears a file's set-id bits, as the
+/// truncation it is: with FUSE_ATOMIC_O_TRUNC (which the server asks for) the kernel
+/// passes O_TRUNC in the OPEN and sends no SETATTR for it, dropping the mode it
+/// would have set, so only the server clears them; an OPEN's reply carries no mode,
+/// so the server tells the kernel too. Root puts the program back (root's writes keep
+/// the mode and tell the kernel nothing), so what it then runs as is the mode the
+/// kernel kept from the truncation. (The kernel fetches the mode itself before a
+/// truncation it strips set-id bits for; only the caller with CAP_FSETID below, for
+/// whom it strips none, depends on the server telling it.)
+#[test]
+fn a_truncating_open_clears_set_id_bits_and_the_kernel_sees_it_at_once() {
+    need("setpriv", "util-linux");
+    need("python3", "python3");
+    let (_d, img) = image("64M");
+    let mut m = Mounted::new(img.to_str().unwrap(), &["allow_other"]);
+    let (u, g, c) = (m.p("u"), m.p("g"), m.p("c"));
+    let (u, g, c) = (u.display(), g.display(), c.display());
+    // Set-uid root, set-gid root (group-executable) and set-uid root again, each
+    // writable by others.
+    sh(&format!(
+        "for f in {u} {g} {c}; do cp /usr/bin/id $f; done && chmod 4757 {u} {c} && chmod 2777 {g}"
+    ));
+    // A PATH of its own: root's may lead to directories nobody may not enter.
+    let path = "env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    let nobody = format!("setpriv --reuid=65534 --regid=65534 --clear-groups {path}");
+    // Set-id root as long as nobody has changed them; the kernel caches those modes.
+    assert_eq!(sh(&format!("{nobody} {u} -u")).trim(), "0");
+    assert_eq!(sh(&format!("{nobody} {g} -g")).trim(), "0");
+    assert_eq!(sh(&format!("{nobody} {c} -u")).trim(), "0");
+    // The shell's `: >` (O_WRONLY|O_CREAT|O_TRUNC of an existing file), and
+    // O_RDONLY|O_TRUNC, which truncates all the same.
+    sh(&format!("{nobody} sh -c ': > {u}'"));
+    sh(&format!(
+        "{nobody} python3 -c \"import os; os.close(os.open('{g}', os.O_RDONLY | os.O_TRUNC))\""
+    ));
+    // A caller with CAP_FSETID: the kernel strips nothing for it, nor fetches the
+    // mode, while the server, which sees a uid and no capabilities, clears the bits
+    // for anyone but root; the kernel must run it by the server's mode all the same.
+    sh(&format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps +fsetid \
+         --ambient-caps +fsetid sh -c ': > {c}'"
+    ));
+    // Written in place, not appended: an O_APPEND write has the kernel fetch the size,
+    // and with it the mode, from the server, which would hide a stale one.
+    sh(&format!(
+        "for f in {u} {g} {c}; do dd if=/usr/bin/id of=$f conv=notrunc status=none; done"
+    ));
+    // Run before any stat: a stat after a truncating open fetches the server's mode.
+    assert_eq!(
+        sh(&format!("{nobody} {u} -u")).trim(),
+        "65534",
+        "run set-uid root after a truncating open by another user"
+    );
+    assert_eq!(
+        sh(&format!("{nobody} {g} -g")).trim(),
+        "65534",
+        "run set-gid root after an O_RDONLY|O_TRUNC open by another user"
+    );
+    let ran_as = sh(&format!("{nobody} {c} -u"));
+    m.umount();
+    fsck_clean(&img);
+    // The server's modes, in a kernel that has cached none.
+    m = Mounted::new(img.to_str().unwrap(), &[]);
+    let modes = sh(&format!(
+        "stat -c %a {} {} {}",
+        m.p("u").display(),
+        m.p("g").display(),
+        m.p("c").display()
+    ));
+    let modes: Vec<&str> = modes.lines().collect();
+    assert_eq!(modes[..2], ["757", "777"]);
+    let suid = modes[2].len() == 4 && modes[2].starts_with('4');
+    assert_eq!(
+        ran_as.trim(),
+        if suid { "0" } else { "65534" },
+        "the kernel ran it by another mode than the server's ({})",
+        modes[2]
+    );
+    m.umount();
+}
+
+/// fallocate and copy_file_range change a file's data, and by another user who may
+/// write it they clear its set-id bits and succeed, as on ext4. The kernel strips them
+/// itself first (file_modified), with a SETATTR carrying the mode less the bits from
+/// the caller, who does not own the file: the server takes it as the kernel's own
+/// stripping (ATTR_FORCE), not as a chmod, which only the owner may do. Its reply
+/// carries the mode, so the kernel runs the programs by it at once.
+#[test]
+fn fallocate_and_copy_file_range_by_another_user_clear_set_id_bits() {
+    need("setpriv", "util-linux");
+    need("python3", "python3");
+    let m = Mounted::new("sim:ssd,size=256M", &["allow_other"]);
+    let (u, g, c, s) = (m.p("u"), m.p("g"), m.p("c"), m.p("s"));
+    let (u, g, c, s) = (u.display(), g.display(), c.display(), s.display());
+    // Set-uid root, set-gid root (group-executable), set-uid root, writable by others;
+    // and something to copy from.
+    sh(&format!(
+        "for f in {u} {g} {c}; do cp /usr/bin/id $f; done && chmod 4757 {u} {c} \
+         && chmod 2777 {g} && echo 0123456789abcdef > {s}"
+    ));
+    // A PATH of its own: root's may lead to directories nobody may not enter.
+    let path = "env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    let nobody = format!("setpriv --reuid=65534 --regid=65534 --clear-groups {path}");
+    assert_eq!(sh(&format!("{nobody} {u} -u")).trim(), "0");
+    assert_eq!(sh(&format!("{nobody} {g} -g")).trim(), "0");
+    assert_eq!(sh(&format!("{nobody} {c} -u")).trim(), "0");
+    // Past the end of each ELF file, which leaves it runnable: an extension, a
+    // preallocation that keeps the size, and 16 bytes copied after the end.
+    sh(&format!("{nobody} fallocate -l 1M {u}"));
+    sh(&format!("{nobody} fallocate -n -o 1M -l 4096 {g}"));
+    sh(&format!(
+        "{nobody} python3 -c \"import os; i = os.open('{s}', os.O_RDONLY); \
+         o = os.open('{c}', os.O_WRONLY); \
+         n = os.copy_file_range(i, o, 16, 0, os.fstat(o).st_size); assert n == 16, n\""
+    ));
+    assert_eq!(
+        sh(&format!("{nobody} {u} -u")).trim(),
+        "65534",
+        "run set-uid root after another user's fallocate"
+    );
+    assert_eq!(
+        sh(&format!("{nobody} {g} -g")).trim(),
+        "65534",
+        "run set-gid root after another user's fallocate (KEEP_SIZE)"
+    );
+    assert_eq!(
+        sh(&format!("{nobody} {c} -u")).trim(),
+        "65534",
+        "run set-uid root after another user's copy_file_range"
+    );
+    assert_eq!(sh(&format!("stat -c %a {u} {g} {c}")), "757\n777\n757\n");
+    assert_eq!(sh(&format!("tail -c 16 {c}")), "0123456789abcdef");
+    m.umount();
+}

@@ -296,6 +296,19 @@ impl WbFs {
         })
     }
 
+    /// Tells the kernel that the server cleared `ino`'s set-id bits for a request
+    /// whose reply carries no attributes (a write, an OPEN with O_TRUNC). The kernel
+    /// refreshes its cached mode only when told (up to TTL later otherwise), and exec
+    /// reads that mode: a program changed by another user would still run set-id.
+    /// Attributes only (offset -1): no page of the file is dropped.
+    fn set_id_cleared(&self, ino: INodeNo) {
+        if let Some(n) = self.notifier.get() {
+            if let Err(e) = n.inval_inode(ino, -1, 0) {
+                eprintln!("wbstack mount: telling the kernel of a cleared set-id bit: {e}");
+            }
+        }
+    }
+
     fn reply_entry(reply: ReplyEntry, r: FsResult<Stat>) {
         match r {
             Ok(s) => reply.entry(&TTL, &attr(&s), Generation(0)),
@@ -583,8 +596,13 @@ impl fuser::Filesystem for WbFs {
         if (o.write || o.truncate) && self.read_only {
             return reply.error(Errno::EROFS);
         }
-        match self.vol().open_as(&cred(req), ino.0, &o) {
-            Ok(f) => {
+        match self.vol().open_reporting_as(&cred(req), ino.0, &o) {
+            Ok((f, cleared)) => {
+                // An O_TRUNC cleared them (FUSE_ATOMIC_O_TRUNC: the kernel truncates
+                // through this OPEN, not a SETATTR); an OPEN's reply carries no mode.
+                if cleared {
+                    self.set_id_cleared(ino);
+                }
                 let fh = self.add_handle(Handle::File(f));
                 reply.opened(FileHandle(fh), Self::fopen_flags(&o));
             }
@@ -651,17 +669,8 @@ impl fuser::Filesystem for WbFs {
                 // Only root-or-not matters here: no /proc read on the write path.
                 let c = Cred::new(req.uid(), req.gid(), Vec::new());
                 match self.vol().kill_suid_as(&c, ino.0) {
-                    // A write's reply carries no attributes, and the kernel refreshes
-                    // its cached mode only when told (up to TTL later otherwise): an
-                    // exec in between would still see the set-id bit. Attributes
-                    // only (offset -1): no page of the file is dropped.
-                    Ok(true) => {
-                        if let Some(n) = self.notifier.get() {
-                            if let Err(e) = n.inval_inode(ino, -1, 0) {
-                                eprintln!("wbstack mount: telling the kernel of a cleared set-id bit: {e}");
-                            }
-                        }
-                    }
+                    // A write's reply carries no attributes.
+                    Ok(true) => self.set_id_cleared(ino),
                     Ok(false) => {}
                     Err(e) => return reply.error(errno(&e)),
                 }
@@ -990,8 +999,8 @@ impl fuser::Filesystem for WbFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
@@ -1000,10 +1009,22 @@ impl fuser::Filesystem for WbFs {
     ) {
         self.counters.count(Op::fallocate);
         match self.file(fh).as_deref() {
-            Ok(Handle::File(f)) => match f.fallocate(mode, offset, length) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            },
+            Ok(Handle::File(f)) => {
+                // It changes the data, so it clears set-id bits as a write does. The
+                // kernel has usually done so already with a SETATTR (file_modified),
+                // and this finds nothing to clear; a kernel that did not is told, as
+                // the reply carries no mode.
+                let c = Cred::new(req.uid(), req.gid(), Vec::new());
+                match self.vol().kill_suid_as(&c, ino.0) {
+                    Ok(true) => self.set_id_cleared(ino),
+                    Ok(false) => {}
+                    Err(e) => return reply.error(errno(&e)),
+                }
+                match f.fallocate(mode, offset, length) {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            }
             Ok(_) => reply.error(Errno::EBADF),
             Err(e) => reply.error(*e),
         }

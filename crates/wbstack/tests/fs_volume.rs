@@ -974,6 +974,119 @@ fn a_refused_setattr_changes_nothing_and_a_truncation_may_strip_set_id_bits() {
     assert_clean(&q);
 }
 
+/// An open with O_TRUNC is a truncation: by anyone but root it clears set-user-id (and
+/// group-executable set-group-id), in an open of an existing file and in a create that
+/// finds the file there, whose attributes show it; `open_reporting_as` says so (a FUSE
+/// OPEN's reply carries no mode, so the server tells the kernel). An open without
+/// O_TRUNC, or root's, clears nothing; nor does one refused.
+#[test]
+fn a_truncating_open_by_another_user_clears_set_id_bits() {
+    use wbstack::fs::{Cred, SetAttrIno};
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/f", &[7u8; 10_000]);
+    let ino = v.stat("/f").unwrap().ino;
+    let root = Cred::root();
+    let chmod = |mode: u32| {
+        let a = SetAttrIno {
+            mode: Some(mode),
+            ..SetAttrIno::default()
+        };
+        v.setattr_as(&root, ino, &a).unwrap();
+    };
+    let mode = || v.stat("/f").unwrap().mode & 0o7777;
+    let other = Cred::new(2000, 2000, vec![]);
+    let truncating = OpenOptions {
+        write: true,
+        truncate: true,
+        ..OpenOptions::default()
+    };
+    chmod(0o106757);
+    let (f, cleared) = v
+        .open_reporting_as(&other, ino, &OpenOptions::read_write())
+        .unwrap();
+    f.close().unwrap();
+    assert!(!cleared);
+    assert_eq!(
+        mode(),
+        0o6757,
+        "an open without O_TRUNC cleared set-id bits"
+    );
+    let (f, cleared) = v.open_reporting_as(&root, ino, &truncating).unwrap();
+    f.close().unwrap();
+    assert!(!cleared);
+    assert_eq!(mode(), 0o6757, "root's truncating open cleared set-id bits");
+    let (f, cleared) = v.open_reporting_as(&other, ino, &truncating).unwrap();
+    f.close().unwrap();
+    assert!(cleared);
+    assert_eq!(mode(), 0o757);
+    // O_RDONLY|O_TRUNC truncates all the same.
+    chmod(0o104757);
+    let read_trunc = OpenOptions {
+        truncate: true,
+        ..OpenOptions::read()
+    };
+    let (f, cleared) = v.open_reporting_as(&other, ino, &read_trunc).unwrap();
+    f.close().unwrap();
+    assert!(cleared);
+    assert_eq!(mode(), 0o757);
+    // Refused (no write permission): nothing changes.
+    chmod(0o104755);
+    let Err(e) = v.open_reporting_as(&other, ino, &truncating) else {
+        panic!("a truncating open without write permission succeeded");
+    };
+    assert_eq!(e.errno(), libc::EACCES, "{e}");
+    assert_eq!(mode(), 0o4755);
+    // A create (O_CREAT|O_TRUNC, no O_EXCL) that finds the file: its stat shows the
+    // cleared mode.
+    write_file(&v, "/f", &[7u8; 10_000]);
+    chmod(0o104757);
+    let (f, s) = v
+        .create_as(&other, 1, b"f", 0o644, &OpenOptions::create())
+        .unwrap();
+    f.close().unwrap();
+    assert_eq!((s.ino, s.size, s.mode & 0o7777), (ino, 0, 0o757));
+    assert_eq!(mode(), 0o757);
+    v.unmount().unwrap();
+    assert_clean(&q);
+}
+
+/// The mode alone, less the set-id bits a write by the caller clears, is what the
+/// kernel sends before a fallocate or copy_file_range (file_modified): it passes on the
+/// caller's write permission, not the owner's chmod right. Anything more, or a caller
+/// who may not write, is a chmod, refused to a non-owner.
+#[test]
+fn a_mode_that_only_clears_set_id_bits_passes_on_write_permission() {
+    use wbstack::fs::{Cred, SetAttrIno};
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/f", &[7u8; 10_000]);
+    let ino = v.stat("/f").unwrap().ino;
+    let root = Cred::root();
+    let other = Cred::new(2000, 2000, vec![]);
+    let set = |c: &Cred, mode: u32| {
+        let a = SetAttrIno {
+            mode: Some(mode),
+            ..SetAttrIno::default()
+        };
+        v.setattr_as(c, ino, &a).map(|s| s.mode & 0o7777)
+    };
+    set(&root, 0o106757).unwrap();
+    // More than the set-id bits: a chmod.
+    let e = set(&other, 0o100755).unwrap_err();
+    assert_eq!(e.errno(), libc::EPERM, "{e}");
+    // Only set-user-id, where a write clears set-group-id too: a chmod.
+    let e = set(&other, 0o102757).unwrap_err();
+    assert_eq!(e.errno(), libc::EPERM, "{e}");
+    assert_eq!(v.stat("/f").unwrap().mode & 0o7777, 0o6757);
+    assert_eq!(set(&other, 0o100757).unwrap(), 0o757);
+    // Without write permission: a chmod.
+    set(&root, 0o104755).unwrap();
+    let e = set(&other, 0o100755).unwrap_err();
+    assert_eq!(e.errno(), libc::EPERM, "{e}");
+    assert_eq!(v.stat("/f").unwrap().mode & 0o7777, 0o4755);
+    v.unmount().unwrap();
+    assert_clean(&q);
+}
+
 /// A file truncated at its open (the truncation deferred: its new data goes to new
 /// blocks), written, and renamed over another: the commit holding the rename holds
 /// the truncation and the new extents too, even while the flusher, which would

@@ -317,7 +317,10 @@ impl Volume {
 
     /// setattr: chmod, chown, utimensat and truncate, each checked by `fs::perm`, all
     /// of them before anything changes: a refused setattr changes nothing (a truncation
-    /// came first, and a chmod refused after it left the file cut).
+    /// came first, and a chmod refused after it left the file cut). A mode that only
+    /// clears set-id bits as a write by `c` would passes on `c`'s write permission (the
+    /// kernel's own stripping; a chmod(2) doing just that from a non-owner who may
+    /// write passes too, where Linux refuses it: the two look alike here).
     pub fn setattr_as(&self, c: &Cred, ino: u64, a: &SetAttrIno) -> FsResult<Stat> {
         self.vol.faulting(|| {
             let now = self.vol.now();
@@ -359,7 +362,21 @@ impl Volume {
             st.check_writable()?;
             let mode = match decided {
                 Some(mode) => mode,
-                None => attr_checks(c, st.inode(ino)?, a, false)?,
+                None => {
+                    let i = st.inode(ino)?;
+                    // The kernel strips set-id bits itself before a change of the data
+                    // that is neither a write nor a truncation (fallocate,
+                    // copy_file_range: file_modified) and sends the mode less them, alone,
+                    // as from the caller. Taken as that (ATTR_FORCE) from a caller who may
+                    // write the file, not as a chmod, which only the owner may do: such a
+                    // caller may clear them anyway (a truncation to the file's own size).
+                    let forced_mode = a.uid.is_none()
+                        && a.gid.is_none()
+                        && a.mode
+                            .is_some_and(|m| Some(m & 0o7777) == perm::kill_suid(c, i))
+                        && perm::check(c, i, MAY_WRITE, "chmod").is_ok();
+                    attr_checks(c, i, a, forced_mode)?
+                }
             };
             let changed = mode.is_some() || a.uid.is_some() || a.gid.is_some();
             let times = a.atime.is_some() || a.mtime.is_some();
@@ -437,9 +454,17 @@ impl Volume {
 
     /// open of an existing inode, with its access checked.
     pub fn open_as(&self, c: &Cred, ino: u64, o: &OpenOptions) -> FsResult<File> {
+        Ok(self.open_reporting_as(c, ino, o)?.0)
+    }
+
+    /// `open_as`, and whether it cleared set-id bits: an O_TRUNC is a truncation, and
+    /// one by `c` clears them as a write does (the VFS's do_truncate on open). A FUSE
+    /// server tells the kernel then, since an OPEN's reply carries no mode.
+    pub fn open_reporting_as(&self, c: &Cred, ino: u64, o: &OpenOptions) -> FsResult<(File, bool)> {
         self.vol.faulting(|| {
+            let mut cleared = false;
             {
-                let st = self.vol.st.lock();
+                let mut st = self.vol.st.lock();
                 let i = st.inode(ino)?;
                 let mut mask = 0;
                 if o.read {
@@ -449,8 +474,15 @@ impl Volume {
                     mask |= MAY_WRITE;
                 }
                 perm::check(c, i, mask, "open")?;
+                // In the hold that checked the permission, so only a caller that may
+                // truncate clears them.
+                if let Some(mode) = perm::kill_suid(c, i).filter(|_| o.truncate) {
+                    st.check_writable()?;
+                    self.set_mode_locked(&mut st, ino, mode, self.vol.now())?;
+                    cleared = true;
+                }
             }
-            self.vol.open_ino(ino, o, false)
+            Ok((self.vol.open_ino(ino, o, false)?, cleared))
         })
     }
 
@@ -494,6 +526,8 @@ impl Volume {
                     Ok((self.vol.open_file(ino, m, o, true)?, s))
                 }
                 Found::Existing(ino) => {
+                    // Stated after the open: a mode its O_TRUNC changed is in the
+                    // reply (a FUSE CREATE's carries the attributes).
                     let f = self.open_as(c, ino, o)?;
                     let s = f.stat()?;
                     Ok((f, s))
