@@ -341,14 +341,16 @@ impl Tree {
     }
 
     /// Remove `key`; returns its value. A key that is not there changes nothing (no node
-    /// is made dirty).
+    /// is made dirty). One descent: each node on the way is read once, and becomes a
+    /// dirty copy only once the key was found below it.
     pub fn remove(&mut self, store: &dyn NodeStore, key: &[u8]) -> TreeResult<Option<Vec<u8>>> {
-        if self.get(store, key)?.is_none() {
-            return Ok(None);
-        }
         let cx = self.cx(store);
-        let root = self.root.as_mut().expect("a key was found");
-        let (old, parts) = remove_in(&cx, &mut self.freed, root, self.level, key)?;
+        let Some(root) = self.root.as_mut() else {
+            return Ok(None);
+        };
+        let Some((old, parts)) = remove_in(&cx, &mut self.freed, root, self.level, key)? else {
+            return Ok(None);
+        };
         self.grow_root(parts)?;
         // A root left with one child hands the tree to it; an empty leaf root goes.
         while let Some(Link::Dirty(n)) = &mut self.root {
@@ -365,7 +367,7 @@ impl Tree {
                 _ => break,
             }
         }
-        Ok(old)
+        Ok(Some(old))
     }
 
     /// Write every dirty node to a block from `alloc`, children before parents, by
@@ -757,22 +759,63 @@ fn split_point(sizes: impl ExactSizeIterator<Item = usize>, half: usize) -> usiz
     n - 1
 }
 
-/// Remove `key` (known present) from the subtree at `link`, rebalancing a child that
-/// became too small with a sibling; returns the old value and the nodes split off
-/// after this one, in order, if it no longer fits.
+/// What a removal below a node hands back up: the old value and the nodes split off
+/// after the node, in order, if it no longer fits. None: the key is not there, and
+/// nothing changed.
+type Removed = Option<(Vec<u8>, Vec<SplitOff>)>;
+
+/// Remove `key` from the subtree at `link`, rebalancing a child that became too small
+/// with a sibling. A clean node on the way is read once, into a copy that replaces it
+/// (its block freed) only if the key was found below it: a key that is not there
+/// leaves the subtree as it was, with no second descent to find that out first. On an
+/// error below a clean node its copy goes, and so do the blocks its subtree noted as
+/// freed: the tree still points at them.
 fn remove_in(
     cx: &Cx,
     freed: &mut Vec<u64>,
     link: &mut Link,
     level: u8,
     key: &[u8],
-) -> TreeResult<(Option<Vec<u8>>, Vec<SplitOff>)> {
-    let node = dirty(cx, freed, link, level)?;
+) -> TreeResult<Removed> {
+    let p = match link {
+        Link::Dirty(node) => return remove_from(cx, freed, node, level, key),
+        Link::Clean(p) => *p,
+    };
+    let mut node = cx.load(&p, level)?;
+    // Its block goes before those of the nodes below it, where `dirty` puts it.
+    let mark = freed.len();
+    match remove_from(cx, freed, &mut node, level, key) {
+        Ok(Some(r)) => {
+            freed.insert(mark, p.block);
+            *link = Link::Dirty(Box::new(node));
+            Ok(Some(r))
+        }
+        Ok(None) => {
+            debug_assert_eq!(freed.len(), mark, "a removal of nothing freed a node");
+            Ok(None)
+        }
+        Err(e) => {
+            freed.truncate(mark);
+            Err(e)
+        }
+    }
+}
+
+/// `remove_in` in `node`, in memory.
+fn remove_from(
+    cx: &Cx,
+    freed: &mut Vec<u64>,
+    node: &mut Node,
+    level: u8,
+    key: &[u8],
+) -> TreeResult<Removed> {
     let old = match &mut node.entries {
-        Entries::Leaf(e) => return Ok((e.search(key).ok().map(|i| e.remove(i)), Vec::new())),
+        Entries::Leaf(e) => return Ok(e.search(key).ok().map(|i| (e.remove(i), Vec::new()))),
         Entries::Inner(e) => {
             let i = child_index(e, key);
-            let (old, parts) = remove_in(cx, freed, &mut e[i].1, level - 1, key)?;
+            let Some((old, parts)) = remove_in(cx, freed, &mut e[i].1, level - 1, key)? else {
+                return Ok(None);
+            };
             let mut grown = !parts.is_empty();
             e.splice(i + 1..i + 1, parts.into_iter().map(SplitOff::into_child));
             let small = match &e[i].1 {
@@ -788,12 +831,12 @@ fn remove_in(
             // node near full then passes its size, and splits as an insert's would.
             // Untouched, it only shrank, and its size is not worth summing.
             if !grown {
-                return Ok((old, Vec::new()));
+                return Ok(Some((old, Vec::new())));
             }
             old
         }
     };
-    Ok((old, split_to_fit(node, cx.node_size)))
+    Ok(Some((old, split_to_fit(node, cx.node_size))))
 }
 
 /// Merge child `i` of `e` with a sibling, or share their entries out evenly when both do
@@ -997,6 +1040,37 @@ mod tests {
         }
     }
 
+    /// A store over `MemStore` that counts each block's reads.
+    struct Counting<'a> {
+        inner: &'a MemStore,
+        reads: RefCell<HashMap<u64, usize>>,
+    }
+
+    impl<'a> Counting<'a> {
+        fn new(inner: &'a MemStore) -> Counting<'a> {
+            Counting {
+                inner,
+                reads: RefCell::default(),
+            }
+        }
+
+        fn total(&self) -> usize {
+            self.reads.borrow().values().sum()
+        }
+
+        /// The reads of the block read most.
+        fn most(&self) -> usize {
+            self.reads.borrow().values().copied().max().unwrap_or(0)
+        }
+    }
+
+    impl NodeStore for Counting<'_> {
+        fn read(&self, block: u64) -> TreeResult<Vec<u8>> {
+            *self.reads.borrow_mut().entry(block).or_default() += 1;
+            self.inner.read(block)
+        }
+    }
+
     fn leaf(kvs: &[(&[u8], &[u8])]) -> Link {
         Link::Dirty(Box::new(Node {
             level: 0,
@@ -1029,7 +1103,6 @@ mod tests {
     /// cut short (release) or trip the encoder's assertion (debug).
     #[test]
     fn a_rebalance_that_lengthens_a_separator_splits_the_parent_it_overfills() {
-        const NODE_BYTES: usize = 512;
         let a: Vec<(Vec<u8>, Vec<u8>)> = (1..=4)
             .map(|i| (format!("a{i}").into_bytes(), vec![i; 10]))
             .collect();
@@ -1073,5 +1146,104 @@ mod tests {
         for (k, v) in a[1..].iter().chain(&b) {
             assert_eq!(t.get(&store, k).unwrap().as_ref(), Some(v));
         }
+    }
+
+    const NODE_BYTES: usize = 512;
+    /// Keys `thinned_tree` inserted, every third of them left.
+    const THINNED: u32 = 6000;
+
+    fn key(i: u32) -> Vec<u8> {
+        format!("k{i:05}").into_bytes()
+    }
+
+    /// A tree of small nodes, written to `store`, of nodes of every fill: `THINNED`
+    /// keys inserted in order (leaves split half full), then those not a multiple of 3
+    /// removed in a scattered order (rebalancing as they go), so a removal from it may
+    /// rebalance or not.
+    fn thinned_tree(store: &MemStore) -> Option<Root> {
+        let mut t = Tree::new(FS_ID, NODE_BYTES);
+        for i in 0..THINNED {
+            t.insert(store, &key(i), &[7; 20]).unwrap();
+        }
+        for i in (0..THINNED)
+            .map(|i| i * 2749 % THINNED)
+            .filter(|i| i % 3 != 0)
+        {
+            t.remove(store, &key(i)).unwrap();
+        }
+        write(&mut t, store)
+    }
+
+    /// A removal goes down once: each node on its path is read once (it was read twice,
+    /// a lookup to see whether the key is there, then the descent that removes it), and
+    /// every node it reads is one it changes, but for a key not there, which reads its
+    /// path once and changes nothing.
+    #[test]
+    fn a_removal_reads_each_node_on_its_path_once() {
+        let store = MemStore::default();
+        let root = thinned_tree(&store);
+        let levels = root.unwrap().level as usize + 1;
+        assert!(levels >= 4, "a tree of {levels} levels");
+
+        let c = Counting::new(&store);
+        let mut t = Tree::open(FS_ID, NODE_BYTES, root).unwrap();
+        assert_eq!(t.remove(&c, b"k01500x").unwrap(), None);
+        assert_eq!((c.total(), c.most()), (levels, 1));
+        assert!(!t.is_dirty(), "a removal of nothing changed the tree");
+
+        let (mut plain, mut rebalanced) = (0, 0);
+        for i in (0..THINNED).step_by(3) {
+            let c = Counting::new(&store);
+            let mut t = Tree::open(FS_ID, NODE_BYTES, root).unwrap();
+            assert_eq!(t.remove(&c, &key(i)).unwrap(), Some(vec![7; 20]));
+            assert_eq!(c.most(), 1, "key {i}: a node read twice");
+            // Each node read became dirty, its block freed: the path, and the siblings
+            // of a rebalance.
+            assert_eq!(c.total(), t.freed.len(), "key {i}: a node read for nothing");
+            if c.total() == levels {
+                plain += 1;
+            } else {
+                rebalanced += 1;
+            }
+            assert_eq!(t.get(&store, &key(i)).unwrap(), None);
+        }
+        assert!(
+            plain > 0 && rebalanced > 0,
+            "{plain} plain, {rebalanced} rebalanced"
+        );
+    }
+
+    /// A rebalance whose sibling cannot be read fails the removal, and leaves the tree
+    /// as it was: the clean nodes read on the way are dropped, their blocks not freed
+    /// (the tree still points at them).
+    #[test]
+    fn a_removal_that_fails_below_a_clean_node_leaves_the_tree_unchanged() {
+        let store = MemStore::default();
+        let root = thinned_tree(&store);
+        // A removal that rebalances: it reads more than its path.
+        let (i, sibling) = (0..THINNED)
+            .step_by(3)
+            .find_map(|i| {
+                let path = Counting::new(&store);
+                let t = Tree::open(FS_ID, NODE_BYTES, root).unwrap();
+                t.get(&path, &key(i)).unwrap();
+                let c = Counting::new(&store);
+                let mut t = Tree::open(FS_ID, NODE_BYTES, root).unwrap();
+                t.remove(&c, &key(i)).unwrap();
+                let path = path.reads.into_inner();
+                let sibling = c
+                    .reads
+                    .into_inner()
+                    .into_keys()
+                    .find(|b| !path.contains_key(b));
+                sibling.map(|b| (i, b))
+            })
+            .expect("a removal that rebalances");
+        let damaged = MemStore(RefCell::new(store.0.borrow().clone()));
+        damaged.0.borrow_mut().remove(&sibling);
+        let mut t = Tree::open(FS_ID, NODE_BYTES, root).unwrap();
+        assert!(t.remove(&damaged, &key(i)).is_err());
+        assert!(!t.is_dirty(), "freed {:?}", t.freed);
+        assert_eq!(t.get(&store, &key(i)).unwrap(), Some(vec![7; 20]));
     }
 }
