@@ -491,3 +491,95 @@ fn truncate_then_rewrite_is_old_or_new_at_every_cut() {
         let _ = v.sync();
     });
 }
+
+/// A write that fails reading the partial page it starts in (EIO) never dirties the
+/// pages after it, so what it reserved for them is released: the space comes back,
+/// and a rename of the file over another (flush-on-close: the rename's commit waits
+/// for the renamed file's reserved pages) still commits. Before, the reservations
+/// stayed with no page to write them, and no commit ever happened again.
+#[test]
+fn a_write_failing_its_partial_page_read_releases_its_reservations() {
+    let mut o = ordered();
+    o.flush_on_close = true;
+    let (q, v) = fresh("sim:ssd,size=64M", o);
+    let f = v.create("/a").unwrap();
+    f.write_at(0, &[1u8; 8192]).unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+    v.create("/victim").unwrap().close().unwrap();
+    assert!(v.drop_cache("/a").unwrap());
+    let free = v.statfs().free;
+    let f = v.open("/a", &OpenOptions::read_write()).unwrap();
+    sim(&q).inject_eio(v.superblock().data_start * 8..u64::MAX / 2, true, false);
+    // Page 1 is on disk and written in part: its read fails. Pages 2..=4 have no
+    // block: the write reserved them before it began.
+    let r = f.write_at(4096 + 100, &[2u8; 4 * 4096]);
+    assert_eq!(r.map_err(|e| e.errno()), Err(libc::EIO));
+    sim(&q).clear_faults();
+    assert_eq!(v.statfs().free, free, "reservations of the failed write");
+    assert_eq!(v.stat("/a").unwrap().size, 8192);
+    f.close().unwrap();
+    v.rename("/a", "/victim").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let committer = std::thread::spawn(move || {
+        tx.send(v.commit_now()).unwrap();
+        v
+    });
+    let r = rx.recv_timeout(std::time::Duration::from_secs(30));
+    assert!(matches!(r, Ok(Ok(()))), "the rename's commit: {r:?}");
+    let v = committer.join().unwrap();
+    let f = v.open("/victim", &OpenOptions::read()).unwrap();
+    let mut b = vec![0u8; 8192];
+    assert_eq!(f.read_at(0, &mut b).unwrap(), 8192);
+    assert!(b.iter().all(|&x| x == 1));
+    f.close().unwrap();
+    v.unmount().unwrap();
+    assert!(fsck(&q).is_clean());
+}
+
+/// A truncation whose new end falls in a hole rewrites nothing there: on a full
+/// volume the rewrite's reservation failed, and its retry (commit what is freed, try
+/// again) waited for a commit that waited for the truncation, because the file's
+/// rename over another had ordered the commit behind the file's data.
+#[test]
+fn a_truncation_into_a_hole_on_a_full_volume_neither_hangs_nor_allocates() {
+    let mut o = ordered();
+    o.flush_on_close = true;
+    let (q, v) = fresh("sim:ssd,size=64M", o);
+    // /a: pages 0..=2 a hole, page 3 on disk.
+    let f = v.create("/a").unwrap();
+    f.write_at(3 * 4096, &[1u8; 4096]).unwrap();
+    f.fsync().unwrap();
+    v.create("/victim").unwrap().close().unwrap();
+    // A page to write (the rename's commit will wait for it), then fill the volume.
+    f.write_at(5 * 4096, &[2u8; 4096]).unwrap();
+    let fill = v.create("/fill").unwrap();
+    let mut off = 0;
+    for chunk in [vec![7u8; 1 << 20], vec![7u8; 4096]] {
+        while fill.write_at(off, &chunk).is_ok() {
+            off += chunk.len() as u64;
+        }
+    }
+    fill.fsync().unwrap();
+    v.rename("/a", "/victim").unwrap();
+    // The rename started page 5's writeback: allocated, its reservation is spent, and
+    // the truncation that frees it frees it only at the next commit.
+    flusher_barrier(&v);
+    assert_eq!(v.statfs().available, 0, "not full");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let truncater = std::thread::spawn(move || {
+        tx.send(f.set_len(4096 + 100)).unwrap();
+        f
+    });
+    let r = rx.recv_timeout(std::time::Duration::from_secs(30));
+    assert!(matches!(r, Ok(Ok(()))), "the truncation: {r:?}");
+    let f = truncater.join().unwrap();
+    f.fsync().unwrap();
+    let mut b = vec![9u8; 4196];
+    assert_eq!(f.read_at(0, &mut b).unwrap(), 4196);
+    assert!(b.iter().all(|&x| x == 0));
+    f.close().unwrap();
+    fill.close().unwrap();
+    v.unmount().unwrap();
+    assert!(fsck(&q).is_clean());
+}

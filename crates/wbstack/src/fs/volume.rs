@@ -1199,6 +1199,38 @@ impl AddressSpaceOps for Aops {
         }
     }
 
+    fn release_write(&self, m: &Mapping, index: u64, n: u64) {
+        let Ok(vol) = self.vol() else {
+            return;
+        };
+        let ino = m.ino();
+        let mut st = vol.st.lock();
+        let st = &mut *st;
+        // Another write past its prepare_write may have found a page reserved here
+        // and reserved nothing itself; a truncation's head rewrite reserves before
+        // its write. Either keeps the reservations (released with the file, or
+        // used by a later write of the page).
+        if m.writers() > 1 || st.truncating.contains_key(&ino) {
+            return;
+        }
+        let Some(l) = st.live.get_mut(&ino) else {
+            return;
+        };
+        let orphans: Vec<u64> = l
+            .delalloc
+            .range(index..index + n)
+            .filter(|&p| !m.page_owes_write(p))
+            .collect();
+        if orphans.is_empty() {
+            return;
+        }
+        for p in &orphans {
+            l.delalloc.remove(p);
+        }
+        let r = st.meta.alloc.unreserve(orphans.len() as u64);
+        st.allocator_broken("releasing the reservations of a failed write", r);
+    }
+
     fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError> {
         let vol = self.vol()?;
         let r = self.try_map_write(&vol, ino, index, n);
@@ -1975,8 +2007,21 @@ impl Vol {
             {
                 // auto_da_alloc: the commit of this rename waits for the data `ino`
                 // has now, and its writeback starts at once.
+                let owes = st.live.get(&ino).is_some_and(|l| {
+                    !l.delalloc.is_empty() || !l.pending.is_empty() || l.trunc_pending
+                });
+                let m = if owes {
+                    Some(self.mapping(&st, ino)?)
+                } else {
+                    None
+                };
                 let l = st.live.entry(ino).or_default();
-                let pages: BTreeSet<u64> = l.delalloc.iter().collect();
+                // Only reservations a page holds: one a failed write left behind
+                // (held back for a concurrent writer) is written by nobody, and
+                // waiting for it would stop every commit.
+                let pages: BTreeSet<u64> = (l.delalloc.iter())
+                    .filter(|&p| m.as_ref().is_some_and(|m| m.page_owes_write(p)))
+                    .collect();
                 let inflight: Vec<u64> = l.pending.values().map(|e| e.0).collect();
                 if !pages.is_empty() || !inflight.is_empty() || l.trunc_pending {
                     let tid = st.running_tid;
@@ -1986,7 +2031,7 @@ impl Vol {
                         inflight,
                         tid,
                     });
-                    kick = Some(self.mapping(&st, ino)?);
+                    kick = m;
                 }
             }
             let vi = st.inode(v)?;
@@ -2242,6 +2287,18 @@ impl Vol {
             st.drop_live_blocks(ino, keep);
             let new_disk = if size >= old { size } else { size.min(disk) };
             let fb = size / PAGE;
+            // A head in a hole (no block, none to come) has no old tail anywhere but
+            // the cache, which the cut zeroed: rewriting it would allocate a block for
+            // zeros, and on a full volume its reservation's retry would wait for a
+            // commit that waits for this truncation (an ordered rename of the file).
+            let hole = st.inode(ino)?.lookup_block(fb).is_none()
+                && st
+                    .live
+                    .get(&ino)
+                    .is_none_or(|l| !l.delalloc.contains(&fb) && l.unjournaled_block(fb).is_none());
+            if hole {
+                head = None;
+            }
             // The block holding the new end is on disk: its tail must become zeros
             // without rewriting it in place (a crash before the truncation commits
             // would show zeros inside the old size). It is freed with the truncation

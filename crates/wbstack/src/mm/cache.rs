@@ -29,6 +29,11 @@ pub trait AddressSpaceOps: Send + Sync + 'static {
     fn prepare_write(&self, _ino: u64, _index: u64, _n: u64) -> BlkResult {
         Ok(())
     }
+    /// A write that `prepare_write` covered for pages [index, index+n) of `m` failed
+    /// (a partial page's read): what it reserved for pages it never dirtied is held by
+    /// no page, and nothing would ever release it. Called without the mapping's lock,
+    /// while the failed write still counts among `m.writers()`.
+    fn release_write(&self, _m: &Mapping, _index: u64, _n: u64) {}
     /// Write the inode's metadata (write_inode).
     fn write_inode(&self, _ino: u64, _sync: bool) -> BlkResult {
         Ok(())
@@ -368,6 +373,9 @@ pub struct Mapping {
     /// Signalled when a page leaves writeback or finishes reading.
     cv: Condvar,
     me: Weak<Mapping>,
+    /// Writes between their `prepare_write` and their end: a failed one may release
+    /// only reservations no other write in progress counts on.
+    writers: std::sync::atomic::AtomicU32,
 }
 
 impl Mapping {
@@ -393,6 +401,7 @@ impl Mapping {
             }),
             cv: Condvar::new(),
             me: me.clone(),
+            writers: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -407,6 +416,18 @@ impl Mapping {
     }
     pub fn nr_dirty(&self) -> u64 {
         self.inner.lock().nr_dirty
+    }
+    /// Writes in progress (past their `prepare_write`, not yet returned).
+    pub fn writers(&self) -> u32 {
+        self.writers.load(Ordering::SeqCst)
+    }
+    /// Page `index` holds data still to be written: dirty, or under writeback.
+    pub fn page_owes_write(&self, index: u64) -> bool {
+        self.inner
+            .lock()
+            .pages
+            .get(&index)
+            .is_some_and(|p| p.dirty || p.writeback)
     }
     pub fn nr_pages(&self) -> usize {
         self.inner.lock().pages.len()
@@ -516,8 +537,26 @@ impl Mapping {
             return Ok(0);
         }
         let first = off / PAGE_SIZE as u64;
-        let last = (off + data.len() as u64 - 1) / PAGE_SIZE as u64;
-        self.ops.prepare_write(self.ino, first, last - first + 1)?;
+        let n = (off + data.len() as u64 - 1) / PAGE_SIZE as u64 - first + 1;
+        // Counted before `prepare_write`: a failed write that finds no other writer
+        // counted (under the filesystem's lock) knows none relies on its reservations.
+        self.writers.fetch_add(1, Ordering::SeqCst);
+        let r = self.ops.prepare_write(self.ino, first, n).and_then(|()| {
+            match self.fill_pages(off, data, throttle) {
+                Err(e) => {
+                    self.ops.release_write(self, first, n);
+                    Err(e)
+                }
+                ok => ok,
+            }
+        });
+        let prev = self.writers.fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(prev > 0, "a write ended that never began");
+        r
+    }
+
+    /// `write_at_as` past its reservation.
+    fn fill_pages(&self, off: u64, data: &[u8], throttle: bool) -> Result<usize, BlkError> {
         let mut done = 0usize;
         let mut batch = WriteBatch::default();
         let mut inner = self.inner.lock();
