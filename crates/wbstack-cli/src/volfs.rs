@@ -154,7 +154,7 @@ impl FlushWait for VolFlush {
 
 impl BenchFile for VolFile {
     fn write_at(&mut self, off: u64, buf: &[u8]) -> io::Result<()> {
-        self.0.write_at(off, buf).map(|_| ()).map_err(io)
+        self.0.write_all_at(off, buf).map_err(io)
     }
     fn read_at(&mut self, off: u64, buf: &mut [u8]) -> io::Result<usize> {
         self.0.read_at(off, buf).map_err(io)

@@ -200,7 +200,7 @@ pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<Dirty
     let below = bg * 4096 * 9 / 10;
     let t1 = Instant::now();
     while off + bs <= below.min(size) {
-        f.write_at(off, &buf).map_err(|e| e.to_string())?;
+        f.write_all_at(off, &buf).map_err(|e| e.to_string())?;
         off += bs;
     }
     let cache_secs = t1.elapsed().as_secs_f64();
@@ -210,7 +210,7 @@ pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<Dirty
     let mut last_progress = Instant::now();
     while off < size {
         let n = bs.min(size - off) as usize;
-        f.write_at(off, &buf[..n]).map_err(|e| e.to_string())?;
+        f.write_all_at(off, &buf[..n]).map_err(|e| e.to_string())?;
         off += n as u64;
         if last_progress.elapsed().as_secs() >= 1 {
             crate::util::status(&format!("  dirty: {} of {} MiB", off >> 20, size >> 20));

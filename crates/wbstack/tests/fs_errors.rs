@@ -583,3 +583,31 @@ fn a_truncation_into_a_hole_on_a_full_volume_neither_hangs_nor_allocates() {
     v.unmount().unwrap();
     assert!(fsck(&q).is_clean());
 }
+
+/// A write whose later partial page fails to read returns what it copied before
+/// (generic_perform_write's short count), not an error over data it did change; the
+/// caller's retry of the rest meets the error.
+#[test]
+fn a_write_failing_on_a_later_page_returns_the_short_count() {
+    let (q, v) = fresh("sim:ssd,size=64M", ordered());
+    let f = v.create("/a").unwrap();
+    f.write_at(0, &[1u8; 3 * 4096]).unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+    assert!(v.drop_cache("/a").unwrap());
+    let f = v.open("/a", &OpenOptions::read_write()).unwrap();
+    sim(&q).inject_eio(v.superblock().data_start * 8..u64::MAX / 2, true, false);
+    // Pages 0 and 1 are overwritten whole (no read); page 2 in part, which reads it.
+    assert_eq!(f.write_at(0, &[2u8; 2 * 4096 + 100]).unwrap(), 2 * 4096);
+    let rest = f.write_at(2 * 4096, &[2u8; 100]);
+    assert_eq!(rest.map_err(|e| e.errno()), Err(libc::EIO));
+    sim(&q).clear_faults();
+    let mut b = vec![0u8; 3 * 4096];
+    assert_eq!(f.read_at(0, &mut b).unwrap(), 3 * 4096);
+    assert!(b[..2 * 4096].iter().all(|&x| x == 2));
+    assert!(b[2 * 4096..].iter().all(|&x| x == 1));
+    f.fsync().unwrap();
+    f.close().unwrap();
+    v.unmount().unwrap();
+    assert!(fsck(&q).is_clean());
+}

@@ -646,7 +646,7 @@ fn change(v: &Volume, c: &Cred, a_file: Option<(u64, Vec<u8>)>) {
         "create, write and fsync",
         v.create_as(c, ROOT_INO, b"fuzz-new", 0o644, &OpenOptions::create())
             .and_then(|(f, _)| {
-                f.write_at(0, &data)?;
+                f.write_all_at(0, &data)?;
                 f.fsync()?;
                 f.close()
             }),

@@ -773,8 +773,8 @@ impl File {
         let mut pos = from;
         while pos < to {
             let n = (to - pos).min(CHUNK) as usize;
-            self.write_at_raw(pos, &zeros[..n])?;
-            pos += n as u64;
+            // A short count (a later page failed) is retried, meeting the error.
+            pos += self.write_at_raw(pos, &zeros[..n])? as u64;
         }
         Ok(())
     }

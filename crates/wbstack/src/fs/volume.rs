@@ -2805,7 +2805,9 @@ impl File {
     }
 
     /// Buffered write at `off` (at the end, for a file opened to append). Returns the
-    /// bytes written: all of `data`, or an error with nothing written.
+    /// bytes written: all of `data`, or fewer when a page after them failed (a partial
+    /// page's read; the call for the rest meets the error), or an error with nothing
+    /// written. `write_all_at` retries for the caller.
     pub fn write_at(&self, off: u64, data: &[u8]) -> FsResult<usize> {
         self.usable()?;
         if !self.write {
@@ -2823,6 +2825,21 @@ impl File {
             return Err(FsError::Invalid("write past the largest file size".into()));
         }
         Ok(self.mapping.write_at(off, data)?)
+    }
+
+    /// `write_at` until all of `data` is written or an error says why not (as
+    /// `std::os::unix::fs::FileExt::write_all_at`).
+    pub fn write_all_at(&self, mut off: u64, mut data: &[u8]) -> FsResult<()> {
+        while !data.is_empty() {
+            let n = self.write_at(off, data)?;
+            if n == 0 {
+                debug_assert!(false, "a write of {} bytes wrote none", data.len());
+                return Err(FsError::Io);
+            }
+            off += n as u64;
+            data = &data[n..];
+        }
+        Ok(())
     }
 
     /// write_at at exactly `off`, even for a file opened to append (fallocate's

@@ -542,12 +542,20 @@ impl Mapping {
         // counted (under the filesystem's lock) knows none relies on its reservations.
         self.writers.fetch_add(1, Ordering::SeqCst);
         let r = self.ops.prepare_write(self.ino, first, n).and_then(|()| {
-            match self.fill_pages(off, data, throttle) {
+            let mut done = 0;
+            match self.fill_pages(off, data, throttle, &mut done) {
+                Ok(()) => Ok(done),
                 Err(e) => {
                     self.ops.release_write(self, first, n);
-                    Err(e)
+                    // As generic_perform_write: what was copied is the write's result,
+                    // the error only if nothing was (the caller sees the short count
+                    // and its retry meets the error).
+                    if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(e)
+                    }
                 }
-                ok => ok,
             }
         });
         let prev = self.writers.fetch_sub(1, Ordering::SeqCst);
@@ -556,15 +564,21 @@ impl Mapping {
     }
 
     /// `write_at_as` past its reservation.
-    fn fill_pages(&self, off: u64, data: &[u8], throttle: bool) -> Result<usize, BlkError> {
-        let mut done = 0usize;
+    /// `done` counts the bytes copied, which stay written when a later page fails.
+    fn fill_pages(
+        &self,
+        off: u64,
+        data: &[u8],
+        throttle: bool,
+        done: &mut usize,
+    ) -> Result<(), BlkError> {
         let mut batch = WriteBatch::default();
         let mut inner = self.inner.lock();
-        while done < data.len() {
-            let pos = off + done as u64;
+        while *done < data.len() {
+            let pos = off + *done as u64;
             let index = pos / PAGE_SIZE as u64;
             let in_page = (pos % PAGE_SIZE as u64) as usize;
-            let n = (PAGE_SIZE - in_page).min(data.len() - done);
+            let n = (PAGE_SIZE - in_page).min(data.len() - *done);
             let partial = in_page != 0 || n != PAGE_SIZE;
             if batch.pages >= BATCH_PAGES {
                 // Let writeback and readers in between batches of a long write.
@@ -590,7 +604,7 @@ impl Mapping {
                 }
                 None if !partial => {
                     // Fully overwritten: built from the data, never zeroed first.
-                    let page = Page::with_data(&data[done..done + n]);
+                    let page = Page::with_data(&data[*done..*done + n]);
                     inner.pages.insert(index, page);
                     batch.fresh.push(index);
                 }
@@ -647,7 +661,7 @@ impl Mapping {
                     self.queue_inode(&mut batch);
                     return Err(BlkError::Io);
                 };
-                p.buf.as_mut_slice()[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+                p.buf.as_mut_slice()[in_page..in_page + n].copy_from_slice(&data[*done..*done + n]);
                 p.uptodate = true;
                 p.referenced = true;
                 if !p.dirty {
@@ -662,7 +676,7 @@ impl Mapping {
                 inner.size = end;
             }
             batch.pages += 1;
-            done += n;
+            *done += n;
         }
         self.publish(&mut batch);
         drop(inner);
@@ -672,7 +686,7 @@ impl Mapping {
         if dirtied > 0 && throttle {
             self.bdi.balance_dirty_pages(dirtied);
         }
-        Ok(done)
+        Ok(())
     }
 
     /// Make a batch of `write_at` visible: the new pages join the LRU and the global
