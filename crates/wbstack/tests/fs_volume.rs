@@ -1173,3 +1173,86 @@ fn an_async_flush_after_the_volume_stopped_completes_with_an_error() {
     };
     assert!(r.is_err(), "a flush of a stopped volume succeeded");
 }
+
+/// File capabilities go with any change of the file's data or owner, whoever makes
+/// it (file_remove_privs, cap_inode_killpriv; chown's ATTR_KILL_PRIV): a write, a
+/// truncation, a truncating open, a chown. Only root sets or removes security.*.
+/// Before, a write by another user through the mount left a rewritten program its
+/// capabilities.
+#[test]
+fn a_write_truncation_or_chown_drops_file_capabilities() {
+    use wbstack::fs::ops::XattrMode;
+    use wbstack::fs::{Cred, SetAttrIno};
+    const CAPS: &[u8] = b"security.capability";
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/prog", &[7u8; 10_000]);
+    let ino = v.stat("/prog").unwrap().ino;
+    let root = Cred::root();
+    let other = Cred::new(2000, 2000, vec![]);
+    let chmod = SetAttrIno {
+        mode: Some(0o100777),
+        ..SetAttrIno::default()
+    };
+    v.setattr_as(&root, ino, &chmod).unwrap();
+    let grant = || {
+        v.setxattr_as(&root, ino, CAPS, &[1, 2, 3, 4], XattrMode::Any)
+            .unwrap()
+    };
+    let has_caps = || v.getxattr_as(&root, ino, CAPS).is_ok();
+    // Only root sets or removes them.
+    let e = v
+        .setxattr_as(&other, ino, CAPS, &[1], XattrMode::Any)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EPERM);
+    grant();
+    assert_eq!(
+        v.removexattr_as(&other, ino, CAPS).unwrap_err().errno(),
+        libc::EPERM
+    );
+    // A write, by anyone (root too).
+    for c in [&root, &other] {
+        grant();
+        assert!(v.kill_suid_as(c, ino).unwrap(), "uid {}", c.uid);
+        assert!(!has_caps(), "a write by uid {} kept them", c.uid);
+        assert!(!v.kill_suid_as(c, ino).unwrap(), "nothing left to drop");
+    }
+    // A truncation.
+    grant();
+    let cut = SetAttrIno {
+        size: Some(100),
+        ..SetAttrIno::default()
+    };
+    v.setattr_as(&other, ino, &cut).unwrap();
+    assert!(!has_caps(), "a truncation kept them");
+    // A truncating open; an open that does not truncate keeps them.
+    grant();
+    let (f, _) = v
+        .open_reporting_as(&root, ino, &OpenOptions::read_write())
+        .unwrap();
+    f.close().unwrap();
+    assert!(has_caps());
+    let truncating = OpenOptions {
+        write: true,
+        truncate: true,
+        ..OpenOptions::default()
+    };
+    let (f, cleared) = v.open_reporting_as(&root, ino, &truncating).unwrap();
+    f.close().unwrap();
+    assert!(cleared && !has_caps(), "a truncating open kept them");
+    // A chown.
+    grant();
+    let chown = SetAttrIno {
+        uid: Some(0),
+        ..SetAttrIno::default()
+    };
+    v.setattr_as(&root, ino, &chown).unwrap();
+    assert!(!has_caps(), "a chown kept them");
+    // Durable as any change: gone after a remount.
+    grant();
+    assert!(v.kill_suid_as(&root, ino).unwrap());
+    v.unmount().unwrap();
+    assert_clean(&q);
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    assert!(v.getxattr_as(&root, ino, CAPS).is_err());
+    v.unmount().unwrap();
+}

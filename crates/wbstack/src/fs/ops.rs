@@ -348,9 +348,7 @@ impl Volume {
                         .mode
                         .is_some_and(|m| Some(m & 0o7777) == perm::kill_suid(c, i));
                     decided = Some(attr_checks(c, i, a, forced_mode)?);
-                    if let Some(mode) = perm::kill_suid(c, i) {
-                        self.set_mode_locked(&mut st, ino, mode, now)?;
-                    }
+                    self.kill_priv_locked(&mut st, c, ino, now)?;
                     self.vol.mapping(&st, ino)?
                 };
                 if size > i64::MAX as u64 {
@@ -380,6 +378,13 @@ impl Volume {
             };
             let changed = mode.is_some() || a.uid.is_some() || a.gid.is_some();
             let times = a.atime.is_some() || a.mtime.is_some();
+            // chown drops a file's capabilities too (ATTR_KILL_PRIV in chown_common).
+            if (a.uid.is_some() || a.gid.is_some()) && {
+                let i = st.inode(ino)?;
+                i.kind == InodeKind::File && i.xattrs.contains_key(XATTR_CAPS)
+            } {
+                self.drop_caps_locked(&mut st, ino, now)?;
+            }
             if changed || times {
                 let wall = now + st.wall_offset_ns;
                 let resolve = |t: TimeSet| match t {
@@ -433,23 +438,56 @@ impl Volume {
         Ok(())
     }
 
-    /// A write by `c` clears set-user-id (and group-executable set-group-id) unless
-    /// `c` is root, as should_remove_suid does; cheap when there is nothing to clear.
-    /// Whether the mode changed (a FUSE server then tells the kernel, whose cached
-    /// mode a write's reply does not refresh).
+    /// A write by `c` drops the file's privileges, as file_remove_privs does: set-user-id
+    /// (and group-executable set-group-id) unless `c` is root (should_remove_suid), and
+    /// file capabilities whoever writes (security.capability, cap_inode_killpriv: a
+    /// program rewritten by anyone must not keep the privileges granted to the old
+    /// one). Whether anything changed (a FUSE server then tells the kernel, whose
+    /// cached mode a write's reply does not refresh).
     pub fn kill_suid_as(&self, c: &Cred, ino: u64) -> FsResult<bool> {
         self.vol.faulting(|| {
-            if c.is_root() {
-                return Ok(false);
-            }
             let mut st = self.vol.st.lock();
-            let Some(mode) = perm::kill_suid(c, st.inode(ino)?) else {
-                return Ok(false);
-            };
             let now = self.vol.now();
-            self.set_mode_locked(&mut st, ino, mode, now)?;
-            Ok(true)
+            self.kill_priv_locked(&mut st, c, ino, now)
         })
+    }
+
+    /// `kill_suid_as` in a hold of `st`.
+    fn kill_priv_locked(
+        &self,
+        st: &mut super::volume::State,
+        c: &Cred,
+        ino: u64,
+        now: u64,
+    ) -> FsResult<bool> {
+        let i = st.inode(ino)?;
+        let mode = perm::kill_suid(c, i);
+        let caps = i.kind == InodeKind::File && i.xattrs.contains_key(XATTR_CAPS);
+        if mode.is_none() && !caps {
+            return Ok(false);
+        }
+        st.check_writable()?;
+        if let Some(mode) = mode {
+            self.set_mode_locked(st, ino, mode, now)?;
+        }
+        if caps {
+            self.drop_caps_locked(st, ino, now)?;
+        }
+        Ok(true)
+    }
+
+    /// Remove the file's capabilities (cap_inode_killpriv).
+    fn drop_caps_locked(&self, st: &mut super::volume::State, ino: u64, now: u64) -> FsResult<()> {
+        st.log(
+            Record::RemoveXattr {
+                ino,
+                name: XATTR_CAPS.to_vec(),
+            },
+            &[ino],
+            now,
+        )?;
+        st.stamp(ino, now, false);
+        Ok(())
     }
 
     /// open of an existing inode, with its access checked.
@@ -476,10 +514,8 @@ impl Volume {
                 perm::check(c, i, mask, "open")?;
                 // In the hold that checked the permission, so only a caller that may
                 // truncate clears them.
-                if let Some(mode) = perm::kill_suid(c, i).filter(|_| o.truncate) {
-                    st.check_writable()?;
-                    self.set_mode_locked(&mut st, ino, mode, self.vol.now())?;
-                    cleared = true;
+                if o.truncate {
+                    cleared = self.kill_priv_locked(&mut st, c, ino, self.vol.now())?;
                 }
             }
             Ok((self.vol.open_ino(ino, o, false)?, cleared))
@@ -711,6 +747,9 @@ impl Volume {
         })
     }
 }
+
+/// File capabilities: dropped by any write, truncation or chown (`kill_suid_as`).
+const XATTR_CAPS: &[u8] = b"security.capability";
 
 /// fallocate's modes (FALLOC_FL_*).
 pub const FALLOC_FL_KEEP_SIZE: i32 = 0x01;

@@ -183,9 +183,9 @@ pub fn kill_suid(c: &Cred, i: &Inode) -> Option<u32> {
 }
 
 /// Extended attributes: user.* follows the file's read/write permission and exists
-/// only on files and directories; trusted.* is root's; security.* and
-/// system.posix_acl_* need write permission to set (ACLs: ownership) and are readable
-/// by anyone who may look at the inode.
+/// only on files and directories; trusted.* is root's; security.* is set by root
+/// only and system.posix_acl_* by the owner, both readable by anyone who may look
+/// at the inode.
 pub fn xattr(c: &Cred, i: &Inode, name: &[u8], write: bool) -> FsResult<()> {
     let mask = if write { MAY_WRITE } else { MAY_READ };
     if name.starts_with(b"user.") {
@@ -219,8 +219,13 @@ pub fn xattr(c: &Cred, i: &Inode, name: &[u8], write: bool) -> FsResult<()> {
         return Ok(());
     }
     if name.starts_with(b"security.") {
-        return if write {
-            check(c, i, MAY_WRITE, "xattr")
+        // cap_inode_setxattr / cap_inode_removexattr: CAP_SYS_ADMIN, or CAP_SETFCAP
+        // for file capabilities; a user who could write the file must not grant a
+        // program privileges (nor take them away).
+        return if write && !c.is_root() {
+            Err(FsError::NotPermitted(
+                "security.* attributes are set by root".into(),
+            ))
         } else {
             Ok(())
         };
