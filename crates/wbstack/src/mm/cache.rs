@@ -737,8 +737,13 @@ impl Mapping {
                         inner.pinned.push(index);
                         pinned = true;
                     }
-                    crate::block::flush_plug();
-                    self.cv.wait(&mut inner);
+                    // Without the lock: the read may sit in this thread's plug (a
+                    // caller's outer plug holds it), and a device completing inline
+                    // ends it here, in `end_read`, which takes the lock.
+                    MutexGuard::unlocked(&mut inner, crate::block::flush_plug);
+                    if inner.pages.get(&index).is_some_and(|p| p.reading) {
+                        self.cv.wait(&mut inner);
+                    }
                 }
                 Some(_) => break Ok(true),
                 None if inner.read_failures != failures_seen => {
@@ -1545,6 +1550,42 @@ mod read_gen_tests {
             .get(&index)
             .filter(|p| p.reading)
             .map(|p| p.read_gen)
+    }
+
+    /// A partial write that reads its page while the caller holds a plug: the read
+    /// waits in the plug, and a device that completes inline ends it in the waiting
+    /// thread's flush of the plug. Before, the flush ran under the mapping's lock,
+    /// which the read's completion takes: the writer deadlocked on itself.
+    #[test]
+    fn a_page_read_held_in_the_callers_plug_completes_inline_without_deadlock() {
+        let cache = CacheConfig {
+            ra_max_pages: 0,
+            ..Default::default()
+        };
+        let wb = crate::testfs::quiet_wb(true);
+        let spec = "null,size=64M,memory_backed=1";
+        let v = TestVolume::open(spec, QueueConfig::default(), cache, wb, 64).unwrap();
+        v.file(1).write_at(0, &[0x11u8; 2 * 4096]).unwrap();
+        v.bdi.sync().unwrap();
+        let f = v.evict(1, 2 * 4096).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer = std::thread::spawn(move || {
+            let plug = Plug::start();
+            let r = f.write_at(4096 + 100, &[0x22u8; 100]);
+            drop(plug);
+            let mut page = [0u8; 4096];
+            let read = f.read_at(4096, &mut page);
+            tx.send((r, read, page)).unwrap();
+        });
+        let (r, read, page) = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the writer deadlocked on its own plugged read");
+        writer.join().unwrap();
+        assert_eq!(r.unwrap(), 100);
+        assert_eq!(read.unwrap(), 4096);
+        assert!(page[..100].iter().all(|&b| b == 0x11));
+        assert!(page[100..200].iter().all(|&b| b == 0x22));
+        assert!(page[200..].iter().all(|&b| b == 0x11));
     }
 
     /// A read still in flight when a truncation drops its page, completing after the
