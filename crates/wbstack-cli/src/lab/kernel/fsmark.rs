@@ -226,6 +226,11 @@ fn ours_on_dir(
         r.totals.files as f64 / wall_s.max(1e-9),
     );
     // DirFs finds no device under a FUSE mount: the counters read here serve both.
+    // Their window is said, as it is wider than `wall_s` by fsmark's mkdirs.
+    a.setup = format!(
+        "{}; device counts: from before fsmark made its directories to after the final sync (wall_s: its loops and syncs)",
+        a.setup
+    );
     device_figures(&mut a, &after.delta(&before), wall_s);
     Ok(a)
 }
