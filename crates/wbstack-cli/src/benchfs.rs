@@ -418,7 +418,11 @@ fn start_async_fsync(file: &Arc<File>) -> io::Result<Box<dyn FlushWait>> {
             // Submission queue full: hand what is queued to the kernel, then retry.
             g.ring.submit()?;
         }
-        g.ring.submit()?;
+        // Once pushed, the SQE cannot be taken back: if the submit fails it stays in the
+        // ring and goes out with a later one. So the UringFlush is returned whatever
+        // happens here, owning the file for that SQE; its wait submits it again
+        // (submit_and_wait) and reports the error.
+        let _ = g.ring.submit();
         id
     };
     Ok(Box::new(UringFlush {
@@ -449,7 +453,13 @@ impl UringFlush {
             match g.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // Our fsync may still be queued or in flight: keep its descriptor
+                    // open for good rather than close it under the SQE (a later
+                    // submission would then fsync whatever file reused the number).
+                    std::mem::forget(self.file.take());
+                    return Err(e);
+                }
             }
             let Ring { ring, done, .. } = &mut *g;
             for cqe in ring.completion() {

@@ -1,5 +1,6 @@
 //! Page-aligned IO buffers, usable for O_DIRECT.
 
+use smallvec::SmallVec;
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
@@ -20,9 +21,15 @@ unsafe impl Send for IoBuf {}
 unsafe impl Sync for IoBuf {}
 
 impl IoBuf {
+    /// The allocation of a `len`-byte buffer: `len` rounded up to whole pages. A length
+    /// whose rounding overflows (or exceeds isize::MAX) panics here, before anything is
+    /// allocated: rounded with wrapping arithmetic it would come out as 0 and a buffer
+    /// claiming `len` bytes would own one page.
     fn layout(len: usize) -> Layout {
-        Layout::from_size_align(len.max(1).next_multiple_of(IO_ALIGN), IO_ALIGN)
-            .expect("IoBuf layout")
+        len.max(1)
+            .checked_next_multiple_of(IO_ALIGN)
+            .and_then(|size| Layout::from_size_align(size, IO_ALIGN).ok())
+            .unwrap_or_else(|| panic!("an IoBuf of {len} bytes is too large to allocate"))
     }
 
     /// A zeroed buffer of `len` bytes.
@@ -59,12 +66,20 @@ impl IoBuf {
     /// One buffer holding `parts` back to back. Its memory is written once, by the
     /// copies, never zeroed first: writeback gathers each run of pages this way, and
     /// zeroing half a megabyte before overwriting it cost as much as the copy.
-    pub fn concat<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> IoBuf {
-        let len: usize = parts.clone().map(<[u8]>::len).sum();
+    pub fn concat<'a>(parts: impl Iterator<Item = &'a [u8]>) -> IoBuf {
+        // The parts are taken in one pass: sizing the buffer from one pass of the
+        // iterator and copying from another would trust the two to agree, and a caller's
+        // iterator need not (a clone may yield other slices), which would write past the
+        // allocation.
+        let parts: SmallVec<[&[u8]; 16]> = parts.collect();
+        let len = parts
+            .iter()
+            .try_fold(0usize, |n, p| n.checked_add(p.len()))
+            .unwrap_or_else(|| panic!("IoBuf::concat: the parts' lengths overflow usize"));
         if len < IO_ALIGN {
             let mut b = IoBuf::zeroed(len);
             let mut at = 0;
-            for p in parts {
+            for p in &parts {
                 b.as_mut_slice()[at..at + p.len()].copy_from_slice(p);
                 at += p.len();
             }
@@ -81,14 +96,14 @@ impl IoBuf {
         };
         let raw = ptr.as_ptr();
         let mut at = 0;
-        for p in parts {
-            // SAFETY: the parts' lengths sum to `len`, so [at, at+p.len()) lies inside
-            // the allocation; it is new (or a pool page, exclusively ours) and cannot
+        for p in &parts {
+            // SAFETY: `len` is the sum of these very slices' lengths (collected once,
+            // immutable since), so [at, at+p.len()) lies inside the allocation of at
+            // least `len` bytes; it is new (or a pool page, exclusively ours) and cannot
             // overlap the borrowed part.
             unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), raw.add(at), p.len()) };
             at += p.len();
         }
-        debug_assert_eq!(at, len, "the parts changed length while being copied");
         // Every byte of [0, len) is now initialised, as as_slice requires; the rounding
         // past len is never exposed.
         IoBuf { ptr, len }
@@ -247,6 +262,53 @@ mod tests {
         assert_eq!(&small.as_slice()[10..], &a[..20]);
         let empty = IoBuf::concat(std::iter::empty::<&[u8]>());
         assert!(empty.is_empty());
+    }
+
+    /// An iterator whose clones yield longer slices than the original: sizing from a
+    /// clone and copying from the original (or the reverse) disagrees.
+    #[derive(Clone)]
+    struct Shifty<'a> {
+        small: &'a [u8],
+        big: &'a [u8],
+        passes: std::rc::Rc<std::cell::Cell<u32>>,
+        left: u32,
+    }
+
+    impl<'a> Iterator for Shifty<'a> {
+        type Item = &'a [u8];
+        fn next(&mut self) -> Option<&'a [u8]> {
+            if self.left == 0 {
+                return None;
+            }
+            self.left -= 1;
+            // Every call on any clone counts; the first pass sees small parts, later
+            // passes big ones.
+            let n = self.passes.get();
+            self.passes.set(n + 1);
+            Some(if n < 3 { self.small } else { self.big })
+        }
+    }
+
+    #[test]
+    fn concat_of_an_inconsistent_iterator_stays_in_bounds() {
+        let small = [1u8; 4096];
+        let big = vec![2u8; 64 * 1024];
+        let it = Shifty {
+            small: &small,
+            big: &big,
+            passes: Default::default(),
+            left: 3,
+        };
+        // One pass: three small parts, whatever a second pass would have said.
+        let b = IoBuf::concat(it);
+        assert_eq!(b.len(), 3 * 4096);
+        assert!(b.as_slice().iter().all(|&x| x == 1));
+    }
+
+    #[test]
+    #[should_panic(expected = "too large to allocate")]
+    fn a_length_whose_rounding_overflows_is_refused() {
+        let _ = IoBuf::zeroed(usize::MAX - 100);
     }
 
     #[test]

@@ -851,3 +851,71 @@ fn short_read_on_a_private_ring() {
     assert_eq!(s.private_sqes - before.private_sqes, 2, "{s:?}");
     assert_eq!(dev.in_flight(), 0);
 }
+
+/// The image lock is held until every ring's IO has drained: a polling thread's private
+/// ring outliving the device (its requests unreaped until that thread next polls or
+/// exits) keeps a second opener out, which could otherwise use the image and have the
+/// old ring's writes land under it.
+#[test]
+fn a_second_open_waits_for_another_threads_ring_to_drain() {
+    let dir = tmpdir();
+    let Some((dev, path)) = device(dir.path(), "8M") else {
+        return;
+    };
+    let dev = Arc::new(dev);
+    let c = Collector::new();
+    let n = 16u64;
+    let (to_main, from_thread) = mpsc::channel();
+    let (to_thread, from_main) = mpsc::channel::<()>();
+    let t = {
+        let (dev, c) = (dev.clone(), c.clone());
+        std::thread::spawn(move || {
+            dev.poll(0, 0);
+            for i in 0..n {
+                dev.queue_rq(write_rq(i * 8, &pattern(500 + i, 4096)), &c.completer());
+            }
+            dev.commit_rqs(0);
+            assert_eq!(dev.stats().private_rings, 1);
+            drop(dev);
+            to_main.send(()).unwrap();
+            // Holds its ring, unreaped, until told; its exit then drains it.
+            from_main.recv_timeout(WAIT).unwrap();
+        })
+    };
+    from_thread.recv_timeout(WAIT).unwrap();
+    drop(dev);
+    // DEFER_TASKRUN: nothing completes until the thread waits in its ring.
+    assert_eq!(c.count(), 0, "the thread's requests are still in its ring");
+    let e = open(&format!("file:{}", path.display())).err();
+    assert!(
+        e.as_deref().is_some_and(|e| e.contains("in use")),
+        "a second open while the old ring holds writes: {e:?}"
+    );
+    to_thread.send(()).unwrap();
+    t.join().unwrap();
+    for (rq, st) in c.wait(n as usize) {
+        assert!(st.is_ok(), "{rq:?}: {st:?}");
+    }
+    // Drained: the image is free, and holds what the old ring wrote.
+    let dev = open(&format!("file:{}", path.display())).unwrap();
+    for i in 0..n {
+        assert_eq!(read_back(&dev, i * 8, 4096), pattern(500 + i, 4096));
+    }
+}
+
+/// An image in use is refused before it is changed: a second opener asking to extend
+/// it leaves its length alone.
+#[test]
+fn opening_an_image_in_use_does_not_extend_it() {
+    let dir = tmpdir();
+    let Some((dev, path)) = device(dir.path(), "8M") else {
+        return;
+    };
+    let e = open(&format!("file:{},create=1,size=16M", path.display())).err();
+    assert!(e.as_deref().is_some_and(|e| e.contains("in use")), "{e:?}");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 8 << 20);
+    drop(dev);
+    let dev = open(&format!("file:{},create=1,size=16M", path.display())).unwrap();
+    assert_eq!(dev.geometry().size_bytes, 16 << 20);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 16 << 20);
+}

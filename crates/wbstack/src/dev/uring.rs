@@ -174,6 +174,12 @@ struct Shared {
     dropped: AtomicBool,
     /// Names this device's private rings in the threads' lists.
     id: u64,
+    /// `lock_image`'s descriptor: the image is this device's while it is open. It lives
+    /// here rather than in `UringDevice` because every ring holds a reference to
+    /// `Shared`: a private ring left in another thread at device drop keeps the lock
+    /// until it has drained (its Drop waits for every request), so no new opener can use
+    /// the image while this device's writes are still in flight.
+    _lock: File,
 }
 
 type Finished = (Request, Completer, BlkResult);
@@ -309,8 +315,8 @@ impl Shared {
                 }
             }
             // The ring is full: the kernel copies SQEs out at submission, so handing it
-            // what is queued makes room.
-            if !self.submit() {
+            // what is queued makes room. The caller holds the slab lock already.
+            if !self.submit_locked() {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
@@ -319,10 +325,28 @@ impl Shared {
     /// Hand every queued SQE to the kernel with one `io_uring_enter`; false if the kernel
     /// kept refusing.
     fn submit(&self) -> bool {
+        self.submit_with(|| {
+            let _g = self.inner.lock();
+            // SAFETY: SubmissionQueues of the shared ring exist only under `inner`'s
+            // lock, held here, so this is the only one; it is only read.
+            unsafe { self.ring.submission_shared() }.len()
+        })
+    }
+
+    /// `submit` for a caller already holding the slab lock.
+    fn submit_locked(&self) -> bool {
+        self.submit_with(|| {
+            // SAFETY: the caller holds `inner`'s lock and has no SubmissionQueue alive
+            // (push drops its own before submitting), so this is the only one.
+            unsafe { self.ring.submission_shared() }.len()
+        })
+    }
+
+    fn submit_with(&self, pending: impl Fn() -> usize) -> bool {
         // Acquire pairs with `push`'s release: the tail of every push whose flag this
         // takes is visible to the `io_uring_enter` below.
         self.unsubmitted.swap(false, Ordering::AcqRel);
-        if self.submit_ring(&self.ring) {
+        if self.submit_ring(&self.ring, pending) {
             return true;
         }
         // Leave the SQEs queued; the next commit, push or drop retries.
@@ -330,23 +354,42 @@ impl Shared {
         false
     }
 
-    /// `io_uring_enter` for everything queued in `ring`'s SQ, retrying transient
-    /// refusals for up to about a second (out of request memory, a CQ backlog being
-    /// drained).
-    fn submit_ring(&self, ring: &IoUring) -> bool {
-        for attempt in 0..1000u32 {
+    /// `io_uring_enter` until everything queued in `ring`'s SQ when called has been
+    /// submitted (`pending` counts the SQEs still in the SQ): a short submit (the
+    /// kernel took fewer than queued, e.g. out of request memory) is entered again for
+    /// the rest. Transient refusals, and submits taking nothing, are retried with a
+    /// backoff for up to about a second; false if SQEs are left (the caller retries
+    /// later: SQEs in the ring cannot be taken back).
+    fn submit_ring(&self, ring: &IoUring, pending: impl Fn() -> usize) -> bool {
+        let mut left = usize::MAX;
+        let mut stalled = 0u32;
+        loop {
             match ring.submitter().submit() {
-                Ok(_) => {
-                    self.submit_calls.fetch_add(1, Ordering::Relaxed);
-                    return true;
+                Ok(n) => {
+                    if n > 0 {
+                        self.submit_calls.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Stop once the SQ is empty, or once as many SQEs as were queued at
+                    // the first call went in (others' later pushes are theirs to submit).
+                    let now = pending();
+                    left = left.min(now + n).saturating_sub(n);
+                    if now == 0 || left == 0 {
+                        return true;
+                    }
+                    if n > 0 {
+                        stalled = 0;
+                        continue;
+                    }
                 }
-                Err(e) if transient(&e) => {
-                    std::thread::sleep(Duration::from_micros(1 << attempt.min(10)));
-                }
-                Err(_) => break,
+                Err(e) if transient(&e) => {}
+                Err(_) => return false,
             }
+            stalled += 1;
+            if stalled >= 1000 {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(1 << stalled.min(10)));
         }
-        false
     }
 
     /// Account one CQE to its request, resubmitting a short IO's remainder (into
@@ -620,12 +663,13 @@ fn complete_all(finished: &mut Vec<Finished>) {
 /// registered. Only the owning thread ever touches it (it lives in `PRIVATE`), so it
 /// needs no lock; its slab is its own.
 struct Private {
-    sh: Arc<Shared>,
     ring: IoUring,
     slab: Inner,
     unsubmitted: bool,
     batch: Vec<(u64, i32)>,
     resubmit: Vec<squeue::Entry>,
+    /// Last, so it is dropped last: the image lock (in `Shared`) outlives the ring.
+    sh: Arc<Shared>,
 }
 
 thread_local! {
@@ -741,6 +785,7 @@ impl Private {
             .setup_single_issuer()
             .setup_defer_taskrun();
         let ring = b.build(entries)?;
+        require_nodrop(&ring)?;
         // A registered file saves a descriptor lookup and reference per SQE.
         ring.submitter().register_files(&[sh.file.as_raw_fd()])?;
         Ok(Private {
@@ -783,7 +828,13 @@ impl Private {
     }
 
     fn submit(&mut self) -> bool {
-        self.unsubmitted = !self.sh.submit_ring(&self.ring);
+        let ring = &self.ring;
+        self.unsubmitted = !self.sh.submit_ring(ring, || {
+            // SAFETY: only this thread touches the ring, and no SubmissionQueue of it is
+            // alive here (`push` drops its own before submitting): this is the only one,
+            // and it is only read.
+            unsafe { ring.submission_shared() }.len()
+        });
         !self.unsubmitted
     }
 
@@ -800,8 +851,12 @@ impl Private {
             self.sh.submit_calls.fetch_add(1, Ordering::Relaxed);
         }
         if to_submit > 0 {
-            // Whatever the kernel did not take (a refused enter) waits for the next one.
             self.unsubmitted = !self.ring.submission().is_empty();
+            if self.unsubmitted {
+                // A short or refused submit: hand the kernel the rest now (what it keeps
+                // refusing waits for the next poll or commit).
+                self.submit();
+            }
         }
         self.reap(finished)
     }
@@ -828,25 +883,39 @@ impl Private {
 }
 
 impl Drop for Private {
-    /// Wait for every request of this ring to complete and complete them; then the ring
-    /// closes. If the ring stops making progress (the kernel refusing to enter it for
-    /// 10 s), the slab is leaked with its buffers rather than freed while the kernel
-    /// may still write into them.
+    /// Wait for every request of this ring to complete, then complete them; then the
+    /// ring closes and, if it held the last reference to the device, the image lock is
+    /// released.
+    ///
+    /// There is no deadline: the kernel may use a request's buffers until its CQE, so
+    /// the slab (and `sh`, with the file and the lock) must live until the last one,
+    /// however slow the disk. A ring making no progress for 10 s is reported once, and
+    /// waited for still (a leak instead would also have to keep the lock and the ring
+    /// forever, and would lose the completions of requests someone waits for).
+    ///
+    /// Every CQE is reaped before any completion callback runs: a callback that panics
+    /// then unwinds through a ring with nothing in flight, so the unwinding frees no
+    /// buffer the kernel still holds (and the remaining requests, already finished,
+    /// are dropped uncompleted).
     fn drop(&mut self) {
         let mut finished = Vec::new();
-        let mut idle = 0u32;
+        let mut last_progress = std::time::Instant::now();
+        let mut reported = false;
         while self.slab.live > 0 {
-            if self.poll(10_000_000, &mut finished) == 0 {
-                idle += 1;
-                if idle >= 1000 {
-                    std::mem::forget(std::mem::take(&mut self.slab));
-                    return;
-                }
-            } else {
-                idle = 0;
+            if self.poll(10_000_000, &mut finished) > 0 {
+                last_progress = std::time::Instant::now();
+            } else if !reported && last_progress.elapsed() >= Duration::from_secs(10) {
+                reported = true;
+                use std::io::Write;
+                let _ = writeln!(
+                    io::stderr(),
+                    "wbstack: {} requests on {} have not completed for 10 s; still waiting",
+                    self.slab.live,
+                    self.sh.path
+                );
             }
-            complete_all(&mut finished);
         }
+        complete_all(&mut finished);
     }
 }
 
@@ -856,8 +925,6 @@ pub struct UringDevice {
     geo: Geometry,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
-    /// `lock_image`'s descriptor: the image is ours while it is open.
-    _lock: File,
 }
 
 impl UringDevice {
@@ -985,10 +1052,16 @@ impl UringDevice {
         let ring = setup_ring(entries.next_power_of_two() as u32)
             .map_err(|e| spec.err(ring_setup_error(&e)))?;
 
+        // The lock comes before any change to the file: an image in use is refused
+        // before it could be created or extended under its user. A missing file is
+        // created empty to have something to lock (and removed again on failure).
+        let lock =
+            lock_image(&path, meta.is_none()).map_err(|e| spec.err(open_error(&path, &e)))?;
         let file = match file {
             Some(f) => f,
             None => {
-                let len = meta.as_ref().map_or(0, |m| m.len());
+                // The length now, under the lock (a previous holder may have extended it).
+                let len = lock.metadata().map_or(0, |m| m.len());
                 if geo.size_bytes > len {
                     // Extending goes through a plain descriptor: O_DIRECT is irrelevant to
                     // set_len, and a filesystem refusing O_DIRECT should still be reported
@@ -1011,7 +1084,6 @@ impl UringDevice {
             }
         };
 
-        let lock = lock_image(&path).map_err(|e| spec.err(open_error(&path, &e)))?;
         let shared = Arc::new(Shared {
             ring,
             file,
@@ -1030,6 +1102,7 @@ impl UringDevice {
             no_private: AtomicBool::new(false),
             dropped: AtomicBool::new(false),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            _lock: lock,
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
@@ -1041,7 +1114,6 @@ impl UringDevice {
             geo,
             shared,
             thread: Some(thread),
-            _lock: lock,
         })
     }
 
@@ -1082,8 +1154,18 @@ fn open_direct(path: &str) -> io::Result<File> {
 /// held by the device and released when it is dropped (or the process dies), as
 /// util-linux's tools lock devices; not on the IO descriptor, which a thread's private
 /// ring may keep open until that thread next waits.
-fn lock_image(path: &str) -> io::Result<File> {
-    let f = OpenOptions::new().read(true).open(path)?;
+fn lock_image(path: &str, create: bool) -> io::Result<File> {
+    let f = if create {
+        // std's create needs write access; the descriptor is only ever locked.
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?
+    } else {
+        OpenOptions::new().read(true).open(path)?
+    };
     // A holder that was just killed lets go only once the kernel has torn down its
     // io_uring (in flight requests first), which can take a moment after the kill:
     // a remount right after `kill -9` waits for that, a bounded while, instead of
@@ -1164,10 +1246,29 @@ fn setup_ring(sq_entries: u32) -> io::Result<IoUring> {
         }
         b.build(sq_entries)
     };
-    match build(true) {
+    let ring = match build(true) {
         // Kernels before 5.18 (SUBMIT_ALL) or 5.19 (COOP_TASKRUN) refuse the flags.
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => build(false),
         r => r,
+    }?;
+    require_nodrop(&ring)?;
+    Ok(ring)
+}
+
+/// The CQ holds twice the SQ's entries, which covers every request the block layer
+/// can have in flight (its tags: hardware queues × depth, each request at most two CQEs
+/// at a time) but nothing bounds the shared ring's requests by the CQ itself. With
+/// NODROP (5.5) a CQE that finds the CQ full waits in the kernel's overflow list (and
+/// `io_uring_enter` answers EBUSY, retried, until it is flushed) instead of being
+/// dropped, which would leave its request and buffers in the slab forever; a kernel
+/// without it is refused.
+fn require_nodrop(ring: &IoUring) -> io::Result<()> {
+    if ring.params().is_feature_nodrop() {
+        Ok(())
+    } else {
+        Err(io::Error::other(
+            "this kernel's io_uring may drop completions (no IORING_FEAT_NODROP, before 5.5)",
+        ))
     }
 }
 
