@@ -648,8 +648,14 @@ impl Sim {
             .collect()
     }
 
+    /// Cut and reboot; requests still inside (a flush) fail, and their completions
+    /// (delivered by the cut itself) are dropped so later reads find only their own.
     fn cut_and_reboot(&self) {
         self.sim().power_cut(false);
+        assert_eq!(self.sim().pending(), 0);
+        for (_, st) in self.c.take() {
+            assert_eq!(st, Err(BlkError::PowerLoss));
+        }
         self.sim().reboot();
     }
 
