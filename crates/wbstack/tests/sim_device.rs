@@ -617,3 +617,165 @@ fn data_meta_keeps_only_meta_writes() {
         .unwrap();
     assert!(e.contains("data=some") && e.contains("meta"), "{e}");
 }
+
+/// A sim with a manual clock and a 10 ms cache flush, so that writes can be in flight
+/// while a flush is issued and complete while it runs (a 4 KiB write takes ~0.15 ms).
+fn slow_flush_sim(lbs: u32) -> (Sim, Arc<ManualClock>) {
+    let clock = ManualClock::new(0);
+    let s = Sim::open_with(&format!("sim:ssd,lbs={lbs},flush_lat=10ms"), clock.clone());
+    (s, clock)
+}
+
+impl Sim {
+    fn submit_write(&self, sector: u64, data: &[u8], flags: BioFlags) {
+        let bio = Bio::write(sector, IoBuf::from_slice(data)).with_flags(flags);
+        self.submit(Request::from_bio(bio, 1));
+    }
+
+    /// Advance the clock by `ns` and take the `n` completions that fall due, each
+    /// successful, as (op is a flush, sector); `left` requests stay inside the device.
+    fn step(&self, clock: &ManualClock, ns: u64, n: usize, left: usize) -> Vec<(bool, u64)> {
+        clock.advance(ns);
+        assert!(self.c.wait_for(n, PATIENCE), "{n} completions expected");
+        assert_eq!(self.sim().pending(), left, "requests left in the device");
+        let done = self.c.take();
+        assert_eq!(done.len(), n);
+        done.into_iter()
+            .map(|(rq, st)| {
+                st.expect("request failed");
+                (rq.op == wbstack::block::bio::Op::Flush, rq.sector)
+            })
+            .collect()
+    }
+
+    /// Cut and reboot; requests still inside (a flush) fail, and their completions
+    /// (delivered by the cut itself) are dropped so later reads find only their own.
+    fn cut_and_reboot(&self) {
+        self.sim().power_cut(false);
+        assert_eq!(self.sim().pending(), 0);
+        for (_, st) in self.c.take() {
+            assert_eq!(st, Err(BlkError::PowerLoss));
+        }
+        self.sim().reboot();
+    }
+
+    /// Read with the manual clock: it advances until the read falls due.
+    fn read_at(&self, clock: &ManualClock, sector: u64, len: usize) -> Vec<u8> {
+        self.submit(Request::from_bio(Bio::read(sector, len), 1));
+        clock.advance(MS);
+        assert!(self.c.wait_for(1, PATIENCE), "read never completed");
+        let (rq, st) = self.c.take().pop().unwrap();
+        st.expect("read failed");
+        let data = rq.buffers().next().unwrap().as_slice().to_vec();
+        data
+    }
+
+    fn zeros_at(&self, clock: &ManualClock, sector: u64, len: usize) -> bool {
+        self.read_at(clock, sector, len).iter().all(|&x| x == 0)
+    }
+}
+
+const MS: u64 = 1_000_000;
+
+#[test]
+fn a_flush_covers_the_writes_completed_before_it_was_issued_not_those_in_flight() {
+    let (s, clock) = slow_flush_sim(4096);
+    let (a, b) = (pattern(0, 4096, 1), pattern(8, 4096, 2));
+    s.submit_write(0, &a, BioFlags::empty());
+    assert_eq!(s.step(&clock, MS, 1, 0), [(false, 0)]);
+    // b is in flight when the flush is issued, and completes first.
+    s.submit_write(8, &b, BioFlags::empty());
+    s.submit(Request::from_bio(Bio::flush(), 0));
+    assert_eq!(s.step(&clock, MS, 1, 1), [(false, 8)]);
+    assert_eq!(s.step(&clock, 20 * MS, 1, 0), [(true, 0)]);
+    assert_eq!(s.read_at(&clock, 8, 4096), b, "reads see the cache");
+    s.cut_and_reboot();
+    assert_eq!(
+        s.read_at(&clock, 0, 4096),
+        a,
+        "completed before the flush: durable"
+    );
+    assert!(s.zeros_at(&clock, 8, 4096), "in flight at the flush: lost");
+}
+
+#[test]
+fn a_flush_does_not_cover_writes_issued_after_it_that_complete_first() {
+    let (s, clock) = slow_flush_sim(4096);
+    let (a, c) = (pattern(0, 4096, 1), pattern(0, 4096, 3));
+    s.submit_write(0, &a, BioFlags::empty());
+    assert_eq!(s.step(&clock, MS, 1, 0), [(false, 0)]);
+    s.submit(Request::from_bio(Bio::flush(), 0));
+    // Overwrites a in the cache, completing while the flush runs.
+    s.submit_write(0, &c, BioFlags::empty());
+    assert_eq!(s.step(&clock, MS, 1, 1), [(false, 0)]);
+    assert_eq!(s.step(&clock, 20 * MS, 1, 0), [(true, 0)]);
+    assert_eq!(s.read_at(&clock, 0, 4096), c, "reads see the cache");
+    s.cut_and_reboot();
+    assert_eq!(
+        s.read_at(&clock, 0, 4096),
+        a,
+        "the flush made a durable, not the overwrite issued after it"
+    );
+}
+
+#[test]
+fn a_fua_write_is_durable_by_itself_across_flush_generations() {
+    // 512-byte sectors of one 4 KiB chunk: the older flushed write (sectors 0-1), a FUA
+    // write over sector 1 and a volatile write to sector 2, both completing while the
+    // flush runs.
+    let old = pattern(0, 1024, 1);
+    let fua = pattern(1, 512, 2);
+    let late = pattern(2, 512, 3);
+    for flush_completes in [true, false] {
+        let (s, clock) = slow_flush_sim(512);
+        s.submit_write(0, &old, BioFlags::empty());
+        assert_eq!(s.step(&clock, MS, 1, 0), [(false, 0)]);
+        s.submit(Request::from_bio(Bio::flush(), 0));
+        s.submit_write(1, &fua, BioFlags::FUA);
+        s.submit_write(2, &late, BioFlags::empty());
+        assert_eq!(s.step(&clock, MS, 2, 1), [(false, 1), (false, 2)]);
+        if flush_completes {
+            assert_eq!(s.step(&clock, 20 * MS, 1, 0), [(true, 0)]);
+        }
+        s.cut_and_reboot();
+        let got = s.read_at(&clock, 0, 1536);
+        let what = format!("flush completed: {flush_completes}");
+        if flush_completes {
+            assert_eq!(got[..512], old[..512], "{what}");
+        } else {
+            assert!(got[..512].iter().all(|&x| x == 0), "{what}");
+        }
+        assert_eq!(got[512..1024], fua[..], "{what}: the FUA write survives");
+        assert!(
+            got[1024..].iter().all(|&x| x == 0),
+            "{what}: the write after the flush is lost"
+        );
+    }
+}
+
+#[test]
+fn preflush_fua_covers_what_completed_before_it_and_itself() {
+    let (s, clock) = slow_flush_sim(4096);
+    let (a, b, p) = (
+        pattern(0, 4096, 1),
+        pattern(8, 4096, 2),
+        pattern(16, 4096, 3),
+    );
+    s.submit_write(0, &a, BioFlags::empty());
+    assert_eq!(s.step(&clock, MS, 1, 0), [(false, 0)]);
+    s.submit_write(8, &b, BioFlags::empty());
+    s.submit_write(16, &p, BioFlags::PREFLUSH | BioFlags::FUA);
+    assert_eq!(s.step(&clock, MS, 1, 1), [(false, 8)]);
+    assert_eq!(s.step(&clock, 20 * MS, 1, 0), [(false, 16)]);
+    s.cut_and_reboot();
+    assert_eq!(
+        s.read_at(&clock, 0, 4096),
+        a,
+        "completed before the preflush"
+    );
+    assert!(
+        s.zeros_at(&clock, 8, 4096),
+        "in flight at the preflush: lost"
+    );
+    assert_eq!(s.read_at(&clock, 16, 4096), p, "the FUA write itself");
+}

@@ -73,6 +73,8 @@ pub(crate) struct RqInfo {
     write: bool,
     fua: bool,
     preflush: bool,
+    /// A cache flush: the volatile writes completed when it was issued, all it covers.
+    covers: Option<(u64, u64)>,
 }
 
 /// Requests of one area inside the device at the cut.
@@ -89,8 +91,8 @@ pub struct Landing {
     pub in_flight: BTreeMap<String, InFlight>,
     /// Of those, requests carrying PREFLUSH or FUA (a commit or a checkpoint).
     pub in_flight_preflush_fua: u64,
-    /// Writes completed since the last cache flush completed: what a torn cut keeps
-    /// part of.
+    /// Volatile writes completed that no completed cache flush covers (one covers the
+    /// writes completed before it was issued): what a torn cut keeps part of.
     pub unflushed_writes: u64,
     pub unflushed_bytes: u64,
     /// Requests sent to the device since mkfs, before the cut.
@@ -131,7 +133,10 @@ pub(crate) struct ProbeState {
     layout: Option<Layout>,
     next_id: u64,
     inflight: BTreeMap<u64, RqInfo>,
-    unflushed: (u64, u64),
+    /// Volatile writes (count, bytes) completed so far, and of those, covered by a
+    /// completed cache flush.
+    completed: (u64, u64),
+    flushed: (u64, u64),
     landing: Option<Landing>,
     ops: Arc<AtomicU64>,
     /// Cut when the n-th request to this area from now enters the device.
@@ -146,8 +151,8 @@ impl ProbeState {
             return;
         }
         let mut l = Landing {
-            unflushed_writes: self.unflushed.0,
-            unflushed_bytes: self.unflushed.1,
+            unflushed_writes: self.completed.0 - self.flushed.0,
+            unflushed_bytes: self.completed.1 - self.flushed.1,
             requests_before: self.next_id,
             op: self.ops.load(Ordering::SeqCst),
             ..Landing::default()
@@ -260,6 +265,12 @@ impl Device for Probe {
             }
             let id = s.next_id;
             s.next_id += 1;
+            let preflush = rq.flags.contains(BioFlags::PREFLUSH);
+            let covers = (rq.op == Op::Flush || preflush).then_some(s.completed);
+            if preflush {
+                // The sim flushes a write's PREFLUSH as the write enters it.
+                s.flushed = s.completed;
+            }
             s.inflight.insert(
                 id,
                 RqInfo {
@@ -267,7 +278,8 @@ impl Device for Probe {
                     bytes: if rq.op == Op::Flush { 0 } else { rq.bytes() },
                     write: rq.op == Op::Write,
                     fua: rq.flags.contains(BioFlags::FUA),
-                    preflush: rq.flags.contains(BioFlags::PREFLUSH),
+                    preflush,
+                    covers,
                 },
             );
             id
@@ -300,12 +312,13 @@ impl RqComplete for ProbeDone {
             }
             if let Some(r) = s.inflight.remove(&self.id) {
                 if status.is_ok() {
-                    if r.preflush || r.area == Area::Flush {
-                        s.unflushed = (0, 0);
+                    if let (Some(c), Area::Flush) = (r.covers, r.area) {
+                        // Flushes may complete out of issue order; each covers a prefix.
+                        s.flushed = (s.flushed.0.max(c.0), s.flushed.1.max(c.1));
                     }
                     if r.write && !r.fua {
-                        s.unflushed.0 += 1;
-                        s.unflushed.1 += r.bytes;
+                        s.completed.0 += 1;
+                        s.completed.1 += r.bytes;
                     }
                 }
             }

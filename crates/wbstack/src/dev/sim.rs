@@ -380,24 +380,39 @@ impl Model {
     }
 }
 
-/// The durable contents of the chunks written since the last flush (None: absent, reads
-/// as zeros). The durable image is `current` with these put back.
+/// The contents, before a generation's first volatile write to them, of the chunks it
+/// wrote (None: absent, reads as zeros).
 type UndoLog = FxHashMap<u64, Option<Chunk>>;
 
-/// The media contents, touched only when requests complete (in due order) and by
-/// power cuts.
+/// The volatile writes and discards that completed between two cache flushes being
+/// issued: a flush covers exactly the generations closed when it was issued
+/// (REQ_PREFLUSH: what completed before it), not the writes still in flight then nor
+/// those completing while it runs.
+#[derive(Default)]
+struct Generation {
+    undo: UndoLog,
+    /// (sector, nr_sectors) of its writes and discards, for a torn cut.
+    unflushed: Vec<(u64, u64)>,
+}
+
+/// The media contents, touched only when requests complete (in due order), when a
+/// cache flush is issued, and by power cuts.
 ///
 /// Only what a cut would lose is kept twice: before a volatile write first touches a
-/// chunk, the chunk's durable version goes into an undo log. A flush then just forgets
-/// the log (its cost does not grow with the data written since the last one, which
-/// would stall every completion behind the flush for as long as copying took), and a
-/// power cut puts the log back.
+/// chunk in a generation, the chunk's version of before goes into that generation's
+/// undo log, so the oldest log holding a chunk has its durable version, and each later
+/// one its version once the generations before are durable. A flush completing then
+/// just forgets the logs of the generations it covers (its cost does not grow with the
+/// data written since the last one, which would stall every completion behind the
+/// flush for as long as copying took), and a power cut puts every log back, newest
+/// first.
 struct Data {
     /// What reads return: media plus volatile cache.
     current: SparseStore,
-    undo: UndoLog,
-    /// Writes and discards in the cache since the last flush, (sector, nr_sectors).
-    unflushed: Vec<(u64, u64)>,
+    /// Oldest first; the last one is open and gets the writes completing now.
+    gens: std::collections::VecDeque<Generation>,
+    /// The number of `gens[0]`; numbers only grow, across power cycles too.
+    first_gen: u64,
     dark: bool,
     epoch: u64,
     /// The present outage tears in-flight writes.
@@ -406,26 +421,45 @@ struct Data {
 }
 
 impl Data {
-    /// Everything written so far is durable. Returns the forgotten undo log, for the
-    /// caller to drop outside the lock.
+    /// A cache flush is issued: closes the open generation and returns its number, the
+    /// last one the flush covers.
+    fn close_generation(&mut self) -> u64 {
+        let closed = self.first_gen + self.gens.len() as u64 - 1;
+        self.gens.push_back(Generation::default());
+        closed
+    }
+
+    /// The cache flush covering generations up to `last` completed: they are durable.
+    /// Returns their forgotten undo logs, for the caller to drop outside the lock.
     #[must_use]
-    fn flush(&mut self) -> UndoLog {
-        self.unflushed.clear();
-        std::mem::take(&mut self.undo)
+    fn flush(&mut self, last: u64) -> Vec<Generation> {
+        // A flush that completes after a later one finds its generations gone already;
+        // the open generation is never covered (`close_generation` opened another).
+        let n = (last + 1).saturating_sub(self.first_gen) as usize;
+        let n = n.min(self.gens.len() - 1);
+        self.first_gen += n as u64;
+        self.gens.drain(..n).collect()
+    }
+
+    fn open_gen(&mut self) -> &mut Generation {
+        self.gens.back_mut().expect("one generation is always open")
     }
 
     /// Sectors [sector, sector + nr) are about to change in the cache only.
     fn remember(&mut self, sector: u64, nr: u64) {
+        let current = &self.current;
+        let g = self.gens.back_mut().expect("one generation is always open");
         for idx in SparseStore::chunk_range(sector, nr) {
-            if let std::collections::hash_map::Entry::Vacant(v) = self.undo.entry(idx) {
-                v.insert(self.current.chunk(idx));
+            if let std::collections::hash_map::Entry::Vacant(v) = g.undo.entry(idx) {
+                v.insert(current.chunk(idx));
             }
         }
         self.note_unflushed(sector, nr);
     }
 
-    /// `data` at `sector` reached the media (FUA): the durable version of its chunks
-    /// gets it too, and their other sectors keep whatever durability they had.
+    /// `data` at `sector` reached the media (FUA): the version of its chunks every
+    /// generation would put back gets it too, since it is newer than all of them and
+    /// durable; their other sectors keep whatever durability they had.
     fn write_through(&mut self, sector: u64, data: &[u8]) {
         let mut pos = sector * SECTOR_SIZE;
         let mut done = 0;
@@ -433,12 +467,14 @@ impl Data {
             let idx = pos / CHUNK as u64;
             let off = (pos % CHUNK as u64) as usize;
             let n = (CHUNK - off).min(data.len() - done);
-            if n == CHUNK {
-                // The whole chunk is new and durable: current is its durable version.
-                self.undo.remove(&idx);
-            } else if let Some(pre) = self.undo.get_mut(&idx) {
-                let c = pre.get_or_insert_with(|| Arc::new([0u8; CHUNK]));
-                Arc::make_mut(c)[off..off + n].copy_from_slice(&data[done..done + n]);
+            for g in self.gens.iter_mut() {
+                if n == CHUNK {
+                    // The whole chunk is new and durable: current is its durable version.
+                    g.undo.remove(&idx);
+                } else if let Some(pre) = g.undo.get_mut(&idx) {
+                    let c = pre.get_or_insert_with(|| Arc::new([0u8; CHUNK]));
+                    Arc::make_mut(c)[off..off + n].copy_from_slice(&data[done..done + n]);
+                }
             }
             done += n;
             pos += n as u64;
@@ -446,14 +482,15 @@ impl Data {
     }
 
     fn note_unflushed(&mut self, sector: u64, nr: u64) {
+        let unflushed = &mut self.open_gen().unflushed;
         // Coalescing sequential streams keeps the list short for large writeback.
-        if let Some(last) = self.unflushed.last_mut() {
+        if let Some(last) = unflushed.last_mut() {
             if sector >= last.0 && sector <= last.0 + last.1 {
                 last.1 = last.1.max(sector + nr - last.0);
                 return;
             }
         }
-        self.unflushed.push((sector, nr));
+        unflushed.push((sector, nr));
     }
 
     /// The power went: `current` falls back to the durable image. With `torn`, each
@@ -462,8 +499,9 @@ impl Data {
     /// sectors were unflushed, not on completion order.
     fn lose_cache(&mut self, torn: bool) {
         if torn {
-            let mut ranges: Vec<(u64, u64)> =
-                self.unflushed.iter().map(|&(s, n)| (s, s + n)).collect();
+            let mut ranges: Vec<(u64, u64)> = (self.gens.iter())
+                .flat_map(|g| g.unflushed.iter().map(|&(s, n)| (s, s + n)))
+                .collect();
             ranges.sort_unstable();
             let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
             for (s, e) in ranges {
@@ -490,10 +528,15 @@ impl Data {
                 }
             }
         }
-        for (idx, pre) in std::mem::take(&mut self.undo) {
-            self.current.set_chunk(idx, pre);
+        // Newest first, so each chunk ends with its version from the oldest log holding
+        // it: its durable one.
+        self.first_gen += self.gens.len() as u64;
+        while let Some(g) = self.gens.pop_back() {
+            for (idx, pre) in g.undo {
+                self.current.set_chunk(idx, pre);
+            }
         }
-        self.unflushed.clear();
+        self.gens.push_back(Generation::default());
     }
 
     /// Sectors [start, end) of the cache reached the media.
@@ -549,14 +592,14 @@ impl Shared {
             }
             return Err(BlkError::PowerLoss);
         }
-        let forgotten = self.apply(d, rq);
+        let forgotten = self.apply(d, rq, done);
         drop(guard);
         drop(forgotten);
         Ok(())
     }
 
-    /// Move `rq`'s data; a flush returns the undo log it forgot.
-    fn apply(&self, d: &mut Data, rq: &mut Request) -> Option<UndoLog> {
+    /// Move `rq`'s data; a flush returns the generations it made durable.
+    fn apply(&self, d: &mut Data, rq: &mut Request, done: &SimDone) -> Vec<Generation> {
         match rq.op {
             Op::Read => {
                 let mut sector = rq.sector;
@@ -572,7 +615,7 @@ impl Shared {
             Op::Write => {
                 // (PREFLUSH was honoured when the request entered the device.)
                 if !self.keeps(rq) {
-                    return None;
+                    return Vec::new();
                 }
                 let durable_now = !self.wc || rq.flags.contains(BioFlags::FUA);
                 if !durable_now {
@@ -589,7 +632,7 @@ impl Shared {
             }
             Op::Discard => {
                 if self.data_mode != DataMode::All {
-                    return None;
+                    return Vec::new();
                 }
                 let nr = rq.nr_sectors as u64;
                 if self.wc {
@@ -597,9 +640,13 @@ impl Shared {
                 }
                 d.current.discard(rq.sector, nr);
             }
-            Op::Flush => return Some(d.flush()),
+            Op::Flush => {
+                if let Some(last) = done.flush_covers {
+                    return d.flush(last);
+                }
+            }
         }
-        None
+        Vec::new()
     }
 
     /// A write in flight at a torn cut: each of its sectors reached the media with
@@ -628,6 +675,8 @@ struct SimDone {
     id: u64,
     /// Injected EIO: the request was never going to write anything.
     doomed: bool,
+    /// A cache flush: the last generation it covers, closed when it was issued.
+    flush_covers: Option<u64>,
 }
 
 impl RqComplete for SimDone {
@@ -829,8 +878,8 @@ impl SimDevice {
             seed,
             data: Mutex::new(Data {
                 current: SparseStore::new(),
-                undo: FxHashMap::default(),
-                unflushed: Vec::new(),
+                gens: [Generation::default()].into(),
+                first_gen: 0,
                 dark: false,
                 epoch: 0,
                 torn_cut: false,
@@ -857,7 +906,8 @@ impl SimDevice {
     /// Power failure. The device goes dark: every request inside it completes with
     /// `BlkError::PowerLoss` without touching the media, and every later request too, at
     /// once, until [`reboot`](Self::reboot). The contents fall back to the durable image:
-    /// writes completed since the last flush (unless FUA or wc=0) are lost. With `torn`,
+    /// volatile writes no completed flush covers (a flush covers the writes completed
+    /// before it was issued; FUA writes and wc=0 need none) are lost. With `torn`,
     /// each 512-byte sector of those writes and of writes in flight independently
     /// reaches the media with probability 1/2 (seeded), so one write can be torn.
     pub fn power_cut(&self, torn: bool) {
@@ -1044,8 +1094,8 @@ impl Device for SimDevice {
             return;
         }
         let now = self.clock.now_ns();
-        // A forgotten undo log can be large: it is dropped after the locks.
-        let mut forgotten: Option<UndoLog> = None;
+        // Forgotten undo logs can be large: they are dropped after the locks.
+        let mut forgotten: Vec<Generation> = Vec::new();
         let mut m = self.model.lock();
         if m.dark {
             drop(m);
@@ -1054,11 +1104,18 @@ impl Device for SimDevice {
         }
         let doomed = m.inject_eio(&rq);
         m.count(&rq, doomed);
+        let mut flush_covers = None;
+        if rq.op == Op::Flush && !doomed {
+            // What completed before the flush was issued, and nothing later.
+            flush_covers = Some(self.shared.data.lock().close_generation());
+        }
         if rq.op == Op::Write && rq.flags.contains(BioFlags::PREFLUSH) && !doomed {
             // The block layer's flush sequence completes the cache flush before the
             // write is issued, so what completed before this request is durable before
             // any sector of it can land: a cut that tears this write has flushed first.
-            forgotten = Some(self.shared.data.lock().flush());
+            let mut d = self.shared.data.lock();
+            let last = d.close_generation();
+            forgotten = d.flush(last);
         }
         let due = m.due(now, rq.op, rq.flags, rq.sector, rq.nr_sectors);
         let id = m.next_id;
@@ -1069,6 +1126,7 @@ impl Device for SimDevice {
             epoch: m.epoch,
             id,
             doomed,
+            flush_covers,
         });
         // Scheduled under the model lock, so a power cut (which sets `dark` under it)
         // either sees this request in the timer or this request sees `dark`.
