@@ -17,7 +17,7 @@ use wbstack::fs::{MkfsOptions, MountOptions, OpenOptions, Volume};
 // The checker, fed states with known violations.
 
 use wbstack_cli::crashtest::{
-    check, classify, sector_image, Barrier, CrashOpts, Entry, FsyncRule, Log, Recovered,
+    check, classify, sector_image, stamp, Barrier, CrashOpts, Entry, FsyncRule, Log, Recovered,
     ReplayFile, Sector, Verdict,
 };
 
@@ -41,6 +41,7 @@ fn write(log: &mut Log, ino: u64, sector: u64, sectors: u64, ver: u64) {
         ver,
         start,
         ok: true,
+        done: 0,
     });
 }
 
@@ -357,6 +358,48 @@ fn a_deferred_truncation_to_zero_leaves_old_or_new_content_never_a_mix() {
     assert_clean(&check(&build(true, true), &r(&[2; 4]), FsyncRule::Global));
 }
 
+/// flush_on_close: a truncation to zero of a file with data on disk, a rewrite and a
+/// close: the close writes the file back and journals the truncation with the new
+/// extents, so the file holds its old content or all it had at the close, never an
+/// empty or short file. A file with no data on disk, or never closed, is promised
+/// nothing of the kind.
+#[test]
+fn a_truncation_to_zero_rewritten_and_closed_is_old_or_whole_under_flush_on_close() {
+    let build = |on_disk: bool, close: bool| {
+        let mut log = Log::deferring_zero_truncates(true);
+        create(&mut log, ROOT, "f", 2);
+        write(&mut log, 2, 0, 8, 1);
+        if on_disk {
+            fsync(&mut log, 2);
+        }
+        log.push(Entry::Truncate { ino: 2, size: 0 });
+        write(&mut log, 2, 0, 4, 2);
+        if close {
+            log.push(Entry::Close { ino: 2 });
+        }
+        // After the close: not covered.
+        write(&mut log, 2, 4, 4, 3);
+        create(&mut log, ROOT, "g", 3);
+        log
+    };
+    let r = |vers: &[u64]| {
+        recovered(
+            &[(ROOT, "f", 2), (ROOT, "g", 3)],
+            vec![(2, content(2, vers)), (3, Vec::new())],
+        )
+    };
+    let log = build(true, true);
+    for whole in [vec![1; 8], vec![2; 4], vec![2, 2, 2, 2, 3, 3, 3, 3]] {
+        assert_clean(&check(&log, &r(&whole), FsyncRule::Inode));
+    }
+    for short in [vec![], vec![2, 2, 0, 0]] {
+        let v = check(&log, &r(&short), FsyncRule::Inode);
+        assert!(v.fsynced_bytes_lost > 0, "{short:?}: {v:#?}");
+    }
+    assert_clean(&check(&build(false, true), &r(&[]), FsyncRule::Inode));
+    assert_clean(&check(&build(true, false), &r(&[]), FsyncRule::Inode));
+}
+
 #[test]
 fn hard_links_and_renames_over_files_are_one_inode() {
     let mut log = Log::new();
@@ -390,6 +433,63 @@ fn hard_links_and_renames_over_files_are_one_inode() {
     assert_eq!(check(&log, &r, FsyncRule::Global).garbage_blocks_exposed, 1);
 }
 
+/// fsync promises the data of writes that returned before its call began. A write
+/// that returned first may still be logged after the fsync's start (its thread takes
+/// the log's lock afterwards): the stamps say which came first.
+#[test]
+fn an_fsync_covers_a_write_that_returned_before_its_call_though_logged_after_its_start() {
+    let build = |before_the_call: bool| {
+        let mut log = Log::new();
+        create(&mut log, ROOT, "f", 2);
+        let start = log.len();
+        let returned = stamp();
+        let id = log.start_barrier(Barrier::Fsync(2));
+        log.push(Entry::Write {
+            ino: 2,
+            sector: 0,
+            sectors: 8,
+            ver: 1,
+            start,
+            ok: true,
+            done: if before_the_call { returned } else { stamp() },
+        });
+        log.ack_barrier(id);
+        log
+    };
+    let r = |vers: &[u64]| recovered(&[(ROOT, "f", 2)], vec![(2, content(2, vers))]);
+    let v = check(&build(true), &r(&[]), FsyncRule::Inode);
+    assert_eq!(v.fsynced_bytes_lost, 8 * 512, "{v:#?}");
+    assert_clean(&check(&build(true), &r(&[1; 8]), FsyncRule::Inode));
+    // Racing with the call: it may or may not be there.
+    assert_clean(&check(&build(false), &r(&[]), FsyncRule::Inode));
+    assert_clean(&check(&build(false), &r(&[1; 8]), FsyncRule::Inode));
+}
+
+/// fsync of a directory (logged as an fsync of its inode) makes its entries durable:
+/// a create in it that completed before the call must be there.
+#[test]
+fn a_directory_fsync_covers_the_entries_made_in_it() {
+    let mut log = Log::new();
+    log.push(Entry::Create {
+        dir: ROOT,
+        name: "d".into(),
+        ino: 2,
+        is_dir: true,
+    });
+    create(&mut log, 2, "f", 3);
+    fsync(&mut log, 2);
+    let dir_only = Recovered {
+        entries: [(ROOT, "d".to_string(), 2, true)].into_iter().collect(),
+        files: Default::default(),
+    };
+    let v = check(&log, &dir_only, FsyncRule::Inode);
+    assert_eq!(v.fsynced_ops_lost, 1, "{v:#?}");
+    let mut both = dir_only.clone();
+    both.entries.insert((2, "f".to_string(), 3, false));
+    both.files.insert(3, Vec::new());
+    assert_clean(&check(&log, &both, FsyncRule::Inode));
+}
+
 #[test]
 fn a_write_that_failed_may_show_but_is_never_required() {
     let mut log = one_fsynced_file();
@@ -401,6 +501,7 @@ fn a_write_that_failed_may_show_but_is_never_required() {
         ver: 2,
         start,
         ok: false,
+        done: 0,
     });
     fsync(&mut log, 2);
     for vers in [

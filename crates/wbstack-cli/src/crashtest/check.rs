@@ -137,6 +137,11 @@ pub enum Entry {
         ver: u64,
         start: usize,
         ok: bool,
+        /// `stamp()` taken when the write returned; 0: not known. A write logged after
+        /// a barrier's start may still have returned before the barrier's call began
+        /// (it takes the log's lock afterwards), and then the barrier covers it.
+        #[serde(default)]
+        done: u64,
     },
     /// `sectors` sectors from sector `sector` overwritten with zeros (a punched hole or
     /// a zeroed range: the volume writes zeros through the page cache, as data).
@@ -150,10 +155,20 @@ pub enum Entry {
     BarrierStart {
         id: u64,
         kind: Barrier,
+        /// `stamp()` taken after this entry was logged, before the call: every write
+        /// stamped `done` below it returned before the call began.
+        #[serde(default)]
+        at: u64,
     },
     /// ... and returned Ok.
     BarrierAck {
         id: u64,
+    },
+    /// The workload let go of its descriptor of the file: close(2) comes now, or when
+    /// the last thread still using the descriptor lets go, never before. Every write
+    /// logged before it returned before the close.
+    Close {
+        ino: u64,
     },
 }
 
@@ -229,11 +244,18 @@ impl Log {
     pub fn start_barrier(&mut self, kind: Barrier) -> u64 {
         self.next_barrier += 1;
         let id = self.next_barrier;
-        self.push(Entry::BarrierStart { id, kind });
+        let at = stamp();
+        self.push(Entry::BarrierStart { id, kind, at });
         id
     }
     pub fn ack_barrier(&mut self, id: u64) {
         self.push(Entry::BarrierAck { id });
+    }
+
+    /// Whether the volume runs with `flush_on_close` (the same option that defers
+    /// truncations to zero, and journals one at the next close with the rewrite).
+    pub fn flush_on_close(&self) -> bool {
+        self.deferred_zero_truncates
     }
 
     /// Whether `e` is journaled at its place in the log (a deferred truncation to zero
@@ -241,6 +263,13 @@ impl Log {
     pub fn journaled_here(&self, e: &Entry) -> bool {
         e.journaled() && !(self.deferred_zero_truncates && is_zero_truncate(e))
     }
+}
+
+/// A process-wide order of events the log cannot order itself (a write's return, a
+/// barrier's call), never 0.
+pub fn stamp() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
 }
 
 pub(crate) fn is_zero_truncate(e: &Entry) -> bool {
@@ -483,7 +512,7 @@ pub fn check(log: &Log, rec: &Recovered, rule: FsyncRule) -> Verdict {
                 let r = touch_fsync.entry(*ino).or_default();
                 *r = (*r).max(jbefore[i]);
             }
-            Entry::BarrierStart { id, kind } if acked.contains(id) => {
+            Entry::BarrierStart { id, kind, .. } if acked.contains(id) => {
                 let all = jbefore[i];
                 let (inode, ruled) = match kind {
                     Barrier::Sync => (all, all),
@@ -546,7 +575,9 @@ pub fn check(log: &Log, rec: &Recovered, rule: FsyncRule) -> Verdict {
             ..Verdict::default()
         };
         for (&ino, content) in &rec.files {
-            check_file(ino, content, es, p, &jbefore, &acked, &vers, &zeros, &mut d);
+            check_file(
+                log, ino, content, p, &jbefore, &acked, &vers, &zeros, &mut d,
+            );
         }
         // In sectors (and files, for sizes), so no kind of violation outweighs another.
         let bad = d.fsynced_bytes_lost / SECTOR
@@ -620,7 +651,9 @@ impl ZeroTruncates {
             let mut next = None;
             for (k, f) in es.iter().enumerate().skip(i + 1) {
                 match f {
-                    Entry::BarrierStart { id, kind } if kind.covers(*ino) && acked.contains(id) => {
+                    Entry::BarrierStart { id, kind, .. }
+                        if kind.covers(*ino) && acked.contains(id) =>
+                    {
                         resolved = true;
                         break;
                     }
@@ -662,9 +695,9 @@ impl ZeroTruncates {
 /// the best counts.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn check_file(
+    log: &Log,
     ino: u64,
     content: &[u8],
-    es: &[Entry],
     p: Option<usize>,
     jbefore: &[usize],
     acked: &HashSet<u64>,
@@ -672,6 +705,7 @@ pub(crate) fn check_file(
     zeros: &ZeroTruncates,
     v: &mut Verdict,
 ) {
+    let es = &log.entries;
     let unknown: Vec<usize> = match p {
         Some(p) => es
             .iter()
@@ -693,7 +727,8 @@ pub(crate) fn check_file(
             None => jbefore[i] < p,
         };
         let mut d = Verdict::default();
-        judge_file(ino, content, es, p, &durable, acked, vers, &mut d);
+        let foc = log.flush_on_close();
+        judge_file(ino, content, es, p, &durable, foc, acked, vers, &mut d);
         let bad = d.fsynced_bytes_lost / SECTOR
             + d.garbage_sectors
             + d.stale_sectors_exposed
@@ -714,8 +749,10 @@ pub(crate) fn check_file(
     }
 }
 
-/// One reading of one file: `durable(i, p)` says whether the truncation at log index
-/// `i` is durable at prefix `p`.
+/// One reading of one file: `durable(i, p)` says whether the journaled entry (a
+/// truncation, a rename) at log index `i` is durable at prefix `p`; `flush_on_close`:
+/// the volume's option (auto_da_alloc), whose promises about renames over and
+/// truncations to zero then hold.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn judge_file(
     ino: u64,
@@ -723,6 +760,7 @@ pub(crate) fn judge_file(
     es: &[Entry],
     p: Option<usize>,
     durable: &dyn Fn(usize, usize) -> bool,
+    flush_on_close: bool,
     acked: &HashSet<u64>,
     vers: &HashMap<u64, (u64, u64, u64)>,
     v: &mut Verdict,
@@ -760,6 +798,27 @@ pub(crate) fn judge_file(
     // it went to blocks only a later (not durable) transaction maps.
     let mut frozen = false;
     let mut unseen: HashSet<u64> = HashSet::new();
+    // The latest call stamp of an acknowledged barrier covering the file: a write
+    // logged after it that returned before that call began is covered too.
+    let mut barrier_at = 0u64;
+    // flush_on_close defers a truncation to zero only of a file with data on disk
+    // (old extents to keep): certain once an acknowledged barrier wrote some, and no
+    // truncation or rename over (whose commit may still wait) came after it. Barriers
+    // in flight: (id, whether the file had acknowledged data at their start).
+    let mut on_disk = false;
+    let mut in_flight: Vec<(u64, bool)> = Vec::new();
+    // Set by such a deferred truncation that is durable in this reading: its first
+    // resolution is journaled with the data written back before it, so if that is a
+    // close, every write before the close is there (old content or new, never empty).
+    let mut close_watch = false;
+    // Everything acknowledged so far must be there: an acknowledged barrier, or the
+    // close that resolved a durable deferred truncation under flush_on_close.
+    let require_all = |hist: &[Vec<(u64, bool)>], req: &mut [Option<usize>], size: u64| {
+        for s in 0..size.div_ceil(SECTOR) {
+            let h = &hist[s as usize];
+            req[s as usize] = Some(h.iter().rposition(|x| x.1).map_or(0, |k| k + 1));
+        }
+    };
     for (i, e) in es.iter().enumerate() {
         match e {
             Entry::Write { ino: w, ver, .. } if *w == ino && frozen => {
@@ -771,15 +830,24 @@ pub(crate) fn judge_file(
                 sectors,
                 ver,
                 ok,
+                done,
                 ..
             } if *w == ino => {
+                let covered = *ok && *done != 0 && *done < barrier_at;
                 for s in *sector..sector + sectors {
-                    hist[s as usize].push((*ver, *ok));
+                    let h = &mut hist[s as usize];
+                    h.push((*ver, *ok));
+                    if covered {
+                        req[s as usize] = Some(req[s as usize].unwrap_or(0).max(h.len()));
+                    }
                 }
                 let end = (sector + sectors) * SECTOR;
                 ub = ub.max(end);
                 if *ok {
                     size = size.max(end);
+                }
+                if covered {
+                    lb = lb.max(size);
                 }
             }
             Entry::Zero {
@@ -796,6 +864,12 @@ pub(crate) fn judge_file(
             Entry::Truncate { ino: t, .. } if *t == ino && frozen => {}
             Entry::Truncate { ino: t, size: to } if *t == ino => {
                 let durable = p.is_some_and(|p| durable(i, p));
+                let deferred = flush_on_close && *to == 0 && on_disk;
+                close_watch = deferred && durable;
+                on_disk = false;
+                for b in &mut in_flight {
+                    b.1 = false;
+                }
                 if !durable && *to == 0 && p.is_some() {
                     frozen = true;
                 }
@@ -816,12 +890,39 @@ pub(crate) fn judge_file(
                 }
                 size = *to;
             }
-            Entry::BarrierStart { id, kind } if kind.covers(ino) && acked.contains(id) => {
-                for s in 0..size.div_ceil(SECTOR) {
-                    let h = &hist[s as usize];
-                    req[s as usize] = Some(h.iter().rposition(|x| x.1).map_or(0, |k| k + 1));
+            Entry::BarrierStart { id, kind, at } if kind.covers(ino) => {
+                // Any fsync of the file resolves a deferred truncation first.
+                close_watch = false;
+                if acked.contains(id) {
+                    require_all(&hist, &mut req, size);
+                    lb = lb.max(size);
+                    barrier_at = barrier_at.max(*at);
+                    let data = hist.iter().any(|h| h.iter().any(|x| x.1 && x.0 != 0));
+                    in_flight.push((*id, data));
                 }
+            }
+            Entry::BarrierAck { id } => {
+                if let Some(k) = in_flight.iter().position(|b| b.0 == *id) {
+                    on_disk |= in_flight.swap_remove(k).1;
+                }
+            }
+            Entry::Close { ino: c } if *c == ino && close_watch => {
+                close_watch = false;
+                require_all(&hist, &mut req, size);
                 lb = lb.max(size);
+            }
+            Entry::Rename {
+                ino: r,
+                victim: Some(_),
+                ..
+            } if *r == ino && flush_on_close => {
+                // It resolves a deferred truncation itself, and until its commit a
+                // truncation is journaled at once, not deferred.
+                close_watch = false;
+                on_disk = false;
+                for b in &mut in_flight {
+                    b.1 = false;
+                }
             }
             _ => {}
         }

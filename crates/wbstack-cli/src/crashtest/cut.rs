@@ -387,7 +387,7 @@ pub(crate) fn cut_inner(o: &CrashOpts, seed: u64, rep: &mut CutReport) -> Result
         .entries
         .iter()
         .filter_map(|e| match e {
-            Entry::BarrierStart { id, kind } => Some((*id, *kind)),
+            Entry::BarrierStart { id, kind, .. } => Some((*id, *kind)),
             _ => None,
         })
         .collect();

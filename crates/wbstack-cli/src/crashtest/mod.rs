@@ -15,7 +15,20 @@
 //!   must hold everything an acknowledged fsync / fdatasync / sync covered.
 //! - Data writes are logged when they return (under the file's own lock, so a file's
 //!   writes and truncates are in the order they happened), with the log position at
-//!   which they started.
+//!   which they started and a stamp (`stamp`) taken when they returned.
+//!
+//! The promises checked, each never stricter than the filesystem makes it:
+//! - fsync / fdatasync / sync: the data of every write that returned before the call
+//!   began (logged before its start, or stamped before its call: a write racing the
+//!   call may or may not be there), and the namespace operations `FsyncRule` names.
+//! - fsync of a directory (`commit_now`, logged as an fsync of the directory's inode):
+//!   the creates, links, renames and unlinks in it.
+//! - With `flush_on_close` (auto_da_alloc): a truncation to zero of a file with data
+//!   on disk is journaled with the rewrite, so the file holds its old content or its
+//!   new one, never a mix, and once that truncation is durable, every write before the
+//!   close that resolved it is there too.
+//! - Always: no garbage, nothing a durable truncate cut away, no size beyond any the
+//!   file had.
 //!
 //! The checker ([`check`]) is a pure function of the log and the recovered state, so
 //! tests feed it states with known violations.

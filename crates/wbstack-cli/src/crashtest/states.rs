@@ -220,6 +220,8 @@ impl Script {
             ver,
             start,
             ok: r.is_ok(),
+            // One thread: the log's order is the order of events.
+            done: 0,
         });
         r.map(|_| ())
     }
@@ -293,7 +295,11 @@ impl Script {
         let ino = self.ino(path)?;
         if let Some(h) = self.open.remove(&ino) {
             match Arc::try_unwrap(h) {
-                Ok(f) => f.close()?,
+                Ok(f) => {
+                    // Every write logged so far returned before this close.
+                    self.log.push(Entry::Close { ino });
+                    f.close()?
+                }
                 Err(_) => return Err(FsError::Busy(format!("script: {path} is open twice"))),
             }
         }

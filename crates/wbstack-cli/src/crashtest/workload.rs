@@ -77,6 +77,8 @@ pub(crate) enum Kind {
     Truncate,
     Fsync,
     Fdatasync,
+    /// fsync of a directory: its entries' creates, links, renames and unlinks durable.
+    FsyncDir,
     Sync,
     Close,
 }
@@ -98,6 +100,7 @@ pub(crate) const MIX: &[(Kind, u32)] = &[
     (Kind::Truncate, 6),
     (Kind::Fsync, 12),
     (Kind::Fdatasync, 4),
+    (Kind::FsyncDir, 2),
     (Kind::Sync, 1),
     (Kind::Close, 4),
 ];
@@ -495,6 +498,18 @@ pub(crate) fn do_op(
             ctx.model.lock().log.ack_barrier(id);
             Ok(())
         }
+        Kind::FsyncDir => {
+            // fsync(2) of a directory descriptor is, in the library, a commit of the
+            // journal up to now (what the FUSE front end's fsyncdir calls). For the
+            // checker it is an fsync of the directory's inode: the directory's own
+            // journaled changes, under the inode rule.
+            let dir = m.pick_dir(rng);
+            let id = m.log.start_barrier(Barrier::Fsync(dir));
+            drop(m);
+            vol.commit_now()?;
+            ctx.model.lock().log.ack_barrier(id);
+            Ok(())
+        }
         Kind::Sync => {
             let id = m.log.start_barrier(Barrier::Sync);
             drop(m);
@@ -507,6 +522,9 @@ pub(crate) fn do_op(
                 return Ok(());
             };
             let h = m.files.get_mut(&ino).unwrap().handle.take();
+            // Logged first: close(2) comes at the drop below, or later if another
+            // thread still holds the descriptor for a write.
+            m.log.push(Entry::Close { ino });
             drop(m);
             // The last close of an unlinked file deletes it.
             drop(h);
@@ -595,6 +613,9 @@ pub(crate) fn write(
     let ver = ctx.versions.fetch_add(1, Ordering::Relaxed) + 1;
     let data = write_payload(ino, first, n, ver);
     let r = h.write_at(first * SECTOR, &data);
+    // Before the log's lock: another thread's fsync may log its start meanwhile, yet
+    // begin its call after this write returned, and then it covers this write.
+    let done = stamp();
     let mut m = ctx.model.lock();
     m.log.push(Entry::Write {
         ino,
@@ -603,6 +624,7 @@ pub(crate) fn write(
         ver,
         start,
         ok: r.is_ok(),
+        done,
     });
     if r.is_ok() {
         *size = (*size).max((first + n) * SECTOR);
