@@ -124,7 +124,7 @@ fn live(
         let mut fsynced = false;
         let r = (|| {
             let f = v.create(&format!("/{DIR}/f{i}"))?;
-            f.write_at(0, &data)?;
+            f.write_all_at(0, &data)?;
             f.fsync()?;
             fsynced = true;
             f.close()

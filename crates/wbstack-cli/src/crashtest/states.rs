@@ -212,7 +212,7 @@ impl Script {
         self.next_ver += 1;
         let ver = self.next_ver;
         let start = self.log.len();
-        let r = h.write_at(sector * SECTOR, &write_payload(ino, sector, sectors, ver));
+        let r = h.write_all_at(sector * SECTOR, &write_payload(ino, sector, sectors, ver));
         self.log.push(Entry::Write {
             ino,
             sector,

@@ -612,7 +612,7 @@ pub(crate) fn write(
     }
     let ver = ctx.versions.fetch_add(1, Ordering::Relaxed) + 1;
     let data = write_payload(ino, first, n, ver);
-    let r = h.write_at(first * SECTOR, &data);
+    let r = h.write_all_at(first * SECTOR, &data);
     // Before the log's lock: another thread's fsync may log its start meanwhile, yet
     // begin its call after this write returned, and then it covers this write.
     let done = stamp();

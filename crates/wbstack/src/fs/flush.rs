@@ -6,10 +6,16 @@
 //!
 //! What flush-on-close guarantees (`flush_on_close`, on by default):
 //! * `rename(new, existing)`: the commit that makes the rename durable also makes
-//!   durable every page `new` had dirty (or under writeback) when it was renamed: the
-//!   committer waits for that data before writing the transaction. After a crash the
-//!   name holds the old file, or the new one with that data; never an empty or partial
-//!   new file. Writes to `new` after the rename are not covered (fsync them).
+//!   durable the pages of `new` that had no block yet (delayed allocation) or a write
+//!   in flight when it was renamed: the committer waits for that data before writing
+//!   the transaction. After a crash the name holds the old file, or the new one with
+//!   that data; never an empty or partial new file (the replace-by-rename pattern:
+//!   a file written afresh, then renamed over the old one). Pages rewritten in place
+//!   over blocks already on disk are written back at the rename but not waited for, as
+//!   ext4's data=ordered orders only newly allocated blocks: after a crash such a page
+//!   may hold an earlier version (never zeros). Writes to `new` after the rename are
+//!   not covered (fsync them). crashtest does not check this promise yet: a rule
+//!   requiring every write before the rename fails on in-place rewrites, as it should.
 //! * truncate to zero of a file with data on disk (`O_TRUNC`, `ftruncate(0)`), then a
 //!   rewrite: the truncation is not journaled when it happens. The old blocks stay where
 //!   they are and the rewrite goes to new blocks; at close the file is written back and
