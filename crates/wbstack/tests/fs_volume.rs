@@ -1256,3 +1256,30 @@ fn a_write_truncation_or_chown_drops_file_capabilities() {
     assert!(v.getxattr_as(&root, ino, CAPS).is_err());
     v.unmount().unwrap();
 }
+
+/// A truncation whose new end falls in a hole past the size on disk (a write beyond
+/// it, not yet written back, left the hole) keeps the size it sets: with no head to
+/// rewrite, nothing else carries it to disk. Found by the mount's model test when the
+/// head's rewrite was first skipped (the file came back at its old size).
+#[test]
+fn a_truncation_into_a_hole_past_the_size_on_disk_keeps_its_size() {
+    let (q, v) = fresh("sim:ssd,size=64M");
+    write_file(&v, "/f", &[1u8; 2 * 4096]);
+    let f = v.open("/f", &OpenOptions::read_write()).unwrap();
+    // Pages 2..=9 a hole, page 10 dirty: the size on disk is still 8192.
+    f.write_at(10 * 4096, &[2u8; 4096]).unwrap();
+    f.set_len(5 * 4096 + 100).unwrap();
+    f.close().unwrap();
+    assert_eq!(v.stat("/f").unwrap().size, 5 * 4096 + 100);
+    v.unmount().unwrap();
+    assert_clean(&q);
+    let v = Volume::mount(q.clone(), quiet()).unwrap();
+    let f = v.open("/f", &OpenOptions::read()).unwrap();
+    assert_eq!(f.size(), 5 * 4096 + 100);
+    let mut b = vec![9u8; 5 * 4096 + 100];
+    assert_eq!(f.read_at(0, &mut b).unwrap(), b.len());
+    assert!(b[..2 * 4096].iter().all(|&x| x == 1));
+    assert!(b[2 * 4096..].iter().all(|&x| x == 0));
+    f.close().unwrap();
+    v.unmount().unwrap();
+}

@@ -2285,13 +2285,13 @@ impl Vol {
             let disk = st.inode(ino)?.size;
             let keep = size.div_ceil(PAGE);
             st.drop_live_blocks(ino, keep);
-            let new_disk = if size >= old { size } else { size.min(disk) };
             let fb = size / PAGE;
             // A head in a hole (no block, none to come) has no old tail anywhere but
             // the cache, which the cut zeroed: rewriting it would allocate a block for
             // zeros, and on a full volume its reservation's retry would wait for a
             // commit that waits for this truncation (an ordered rename of the file).
-            let hole = st.inode(ino)?.lookup_block(fb).is_none()
+            let hole = head.is_some()
+                && st.inode(ino)?.lookup_block(fb).is_none()
                 && st
                     .live
                     .get(&ino)
@@ -2299,6 +2299,15 @@ impl Vol {
             if hole {
                 head = None;
             }
+            // The size on disk follows data written, so a cut inside dirty data waits
+            // for the head's rewrite to carry it; a cut in a hole has no rewrite, and
+            // nothing up to it can show stale bytes (unwritten blocks are not mapped):
+            // it is logged as it is.
+            let new_disk = if size >= old || hole {
+                size
+            } else {
+                size.min(disk)
+            };
             // The block holding the new end is on disk: its tail must become zeros
             // without rewriting it in place (a crash before the truncation commits
             // would show zeros inside the old size). It is freed with the truncation
