@@ -57,6 +57,16 @@ pub fn quiet_wb(plug: bool) -> WbConfig {
     }
 }
 
+/// A volume of 64-page regions on `spec` with readahead off and `quiet_wb(true)`:
+/// only the pages a test touches are read, and only explicit syncs write.
+pub fn quiet_volume(spec: &str) -> Result<TestVolume, String> {
+    let cache = CacheConfig {
+        ra_max_pages: 0,
+        ..Default::default()
+    };
+    TestVolume::open(spec, QueueConfig::default(), cache, quiet_wb(true), 64)
+}
+
 /// A device, its queue, a page cache, writeback, and files of the test filesystem.
 pub struct TestVolume {
     pub q: Arc<RequestQueue>,

@@ -379,10 +379,7 @@ impl Volume {
             let changed = mode.is_some() || a.uid.is_some() || a.gid.is_some();
             let times = a.atime.is_some() || a.mtime.is_some();
             // chown drops a file's capabilities too (ATTR_KILL_PRIV in chown_common).
-            if (a.uid.is_some() || a.gid.is_some()) && {
-                let i = st.inode(ino)?;
-                i.kind == InodeKind::File && i.xattrs.contains_key(XATTR_CAPS)
-            } {
+            if (a.uid.is_some() || a.gid.is_some()) && has_caps(st.inode(ino)?) {
                 self.drop_caps_locked(&mut st, ino, now)?;
             }
             if changed || times {
@@ -462,7 +459,7 @@ impl Volume {
     ) -> FsResult<bool> {
         let i = st.inode(ino)?;
         let mode = perm::kill_suid(c, i);
-        let caps = i.kind == InodeKind::File && i.xattrs.contains_key(XATTR_CAPS);
+        let caps = has_caps(i);
         if mode.is_none() && !caps {
             return Ok(false);
         }
@@ -750,6 +747,11 @@ impl Volume {
 
 /// File capabilities: dropped by any write, truncation or chown (`kill_suid_as`).
 const XATTR_CAPS: &[u8] = b"security.capability";
+
+/// A regular file with capabilities to drop.
+fn has_caps(i: &super::meta::Inode) -> bool {
+    i.kind == InodeKind::File && i.xattrs.contains_key(XATTR_CAPS)
+}
 
 /// fallocate's modes (FALLOC_FL_*).
 pub const FALLOC_FL_KEEP_SIZE: i32 = 0x01;

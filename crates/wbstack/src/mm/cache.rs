@@ -1529,10 +1529,7 @@ impl Wbc {
 #[cfg(test)]
 mod read_gen_tests {
     use super::*;
-    use crate::block::QueueConfig;
     use crate::dev::sim::SimDevice;
-    use crate::mm::CacheConfig;
-    use crate::testfs::TestVolume;
     use std::time::{Duration, Instant};
 
     fn wait_for(what: &str, cond: impl Fn() -> bool) {
@@ -1558,13 +1555,7 @@ mod read_gen_tests {
     /// which the read's completion takes: the writer deadlocked on itself.
     #[test]
     fn a_page_read_held_in_the_callers_plug_completes_inline_without_deadlock() {
-        let cache = CacheConfig {
-            ra_max_pages: 0,
-            ..Default::default()
-        };
-        let wb = crate::testfs::quiet_wb(true);
-        let spec = "null,size=64M,memory_backed=1";
-        let v = TestVolume::open(spec, QueueConfig::default(), cache, wb, 64).unwrap();
+        let v = crate::testfs::quiet_volume("null,size=64M,memory_backed=1").unwrap();
         v.file(1).write_at(0, &[0x11u8; 2 * 4096]).unwrap();
         v.bdi.sync().unwrap();
         let f = v.evict(1, 2 * 4096).unwrap();
@@ -1593,13 +1584,7 @@ mod read_gen_tests {
     /// data nor, failing, drops it or fails its waiter.
     #[test]
     fn a_read_of_a_truncated_page_completing_late_leaves_its_successor_alone() {
-        let cache = CacheConfig {
-            ra_max_pages: 0,
-            ..Default::default()
-        };
-        let wb = crate::testfs::quiet_wb(true);
-        let v =
-            TestVolume::open("sim:ssd,size=64M", QueueConfig::default(), cache, wb, 64).unwrap();
+        let v = crate::testfs::quiet_volume("sim:ssd,size=64M").unwrap();
         let sim = v.q.device().as_any().downcast_ref::<SimDevice>().unwrap();
         v.file(1).write_at(0, &[0x11u8; 3 * 4096]).unwrap();
         v.bdi.sync().unwrap();
@@ -1654,19 +1639,12 @@ mod read_gen_tests {
 
 #[cfg(test)]
 mod read_truncate_tests {
-    use crate::block::QueueConfig;
     use crate::dev::sim::SimDevice;
-    use crate::mm::CacheConfig;
     use crate::testfs::TestVolume;
     use std::time::{Duration, Instant};
 
     fn volume() -> TestVolume {
-        let cache = CacheConfig {
-            ra_max_pages: 0,
-            ..Default::default()
-        };
-        let wb = crate::testfs::quiet_wb(true);
-        TestVolume::open("sim:ssd,size=64M", QueueConfig::default(), cache, wb, 64).unwrap()
+        crate::testfs::quiet_volume("sim:ssd,size=64M").unwrap()
     }
 
     /// A reader that looked at the size before a truncation reads no page past the
