@@ -45,7 +45,7 @@ fn spin_try<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 /// more runnable threads than cores (two writers, the flusher and the completion
 /// thread on two cores), a further spinner only burns a core that the owner, or other
 /// work, needs: 12% of all CPU of a 320,000-file fs_mark on a file device was spent
-/// spinning on the state lock, in closes, `map_write` and `end_write`.
+/// spinning on the state lock, in closes, `map_write` and `end_write` (now `end_writes`).
 fn max_spinners() -> u32 {
     static MAX: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {

@@ -947,3 +947,100 @@ fn a_write_failed_by_another_readers_error_leaves_no_dirty_page_unlisted() {
         assert_eq!(f.nr_dirty(), 0, "inode {ino}: dirty pages no sync writes");
     }
 }
+
+/// The test filesystem, recording each `end_writes` call.
+struct EndRecording {
+    fs: Arc<wbstack::testfs::TestFs>,
+    bdi: parking_lot::Mutex<Option<Arc<wbstack::writeback::Bdi>>>,
+    calls: parking_lot::Mutex<Vec<EndWritesCall>>,
+}
+
+/// One `end_writes` call: the (inode, first page, pages) it was told of, and how many
+/// pages were still under writeback then.
+#[derive(Debug, PartialEq)]
+struct EndWritesCall {
+    writes: Vec<(u64, u64, u64)>,
+    under_writeback: u64,
+}
+
+impl wbstack::mm::AddressSpaceOps for EndRecording {
+    fn map_write(
+        &self,
+        ino: u64,
+        index: u64,
+        n: u64,
+    ) -> Result<Vec<(u64, u64)>, wbstack::block::BlkError> {
+        self.fs.map_write(ino, index, n)
+    }
+    fn map_read(
+        &self,
+        ino: u64,
+        index: u64,
+        n: u64,
+    ) -> Result<Vec<(Option<u64>, u64)>, wbstack::block::BlkError> {
+        self.fs.map_read(ino, index, n)
+    }
+    fn end_writes(&self, done: &[wbstack::mm::WriteDone<'_>]) {
+        let under_writeback = self.bdi.lock().as_ref().map_or(0, |b| b.nr_writeback());
+        let writes = done.iter().map(|d| (d.ino, d.index, d.pages)).collect();
+        self.calls.lock().push(EndWritesCall {
+            writes,
+            under_writeback,
+        });
+    }
+}
+
+#[test]
+fn a_merged_requests_writes_reach_the_filesystem_in_one_call_before_any_page_leaves_writeback() {
+    // Eight one-page files on adjacent blocks, written in one plugged pass: one request
+    // of eight bios, whose ends the filesystem hears of in one `end_writes` (one hold
+    // of its state lock, not eight), while all eight pages are still under writeback
+    // (ordered data: the extents are logged before a waiter sees the pages written).
+    let v = volume(
+        "sim:ssd,size=64M",
+        CacheConfig::default(),
+        quiet_wb(true),
+        1,
+    );
+    let ops = Arc::new(EndRecording {
+        fs: v.fs.clone(),
+        bdi: parking_lot::Mutex::new(Some(v.bdi.clone())),
+        calls: parking_lot::Mutex::new(Vec::new()),
+    });
+    let files: Vec<_> = (1..=8u64)
+        .map(|ino| {
+            let f = wbstack::mm::Mapping::new(ino, 0, v.bdi.clone(), ops.clone());
+            f.write_at(0, &page(ino, 0)).unwrap();
+            f
+        })
+        .collect();
+    v.bdi.sync().unwrap();
+    let ds = v.q.diskstats();
+    assert_eq!(
+        (ds.ios[1], ds.merges[1]),
+        (1, 7),
+        "one merged write request"
+    );
+    let calls = std::mem::take(&mut *ops.calls.lock());
+    let writes = (1..=8u64).map(|ino| (ino, 0, 1)).collect();
+    assert_eq!(
+        calls,
+        vec![EndWritesCall {
+            writes,
+            under_writeback: 8
+        }]
+    );
+    assert!(files
+        .iter()
+        .all(|f| f.nr_writeback() == 0 && f.nr_dirty() == 0));
+
+    // A request of one bio is ended at once, as before.
+    files[3].write_at(0, &page(4, 1)).unwrap();
+    v.bdi.sync().unwrap();
+    let one = EndWritesCall {
+        writes: vec![(4, 0, 1)],
+        under_writeback: 1,
+    };
+    assert_eq!(*ops.calls.lock(), vec![one]);
+    *ops.bdi.lock() = None;
+}

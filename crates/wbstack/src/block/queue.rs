@@ -207,9 +207,11 @@ impl RqComplete for QueueCore {
             let bio = rq.bios.pop().unwrap();
             bio.complete(status);
         } else {
-            for bio in rq.bios.drain(..) {
-                bio.complete(status.clone());
-            }
+            super::bio::completion_batch(|| {
+                for bio in rq.bios.drain(..) {
+                    bio.complete(status.clone());
+                }
+            });
         }
     }
 }

@@ -30,7 +30,7 @@
 //! - Replay (`journal.rs: replay`) keeps the last journaled copy of each block and
 //!   mount writes them home before its checkpoint. A block written in place through
 //!   ordered data after a journaled copy of it (the same file rewriting it, or another
-//!   file it was freed to) is revoked (`Record::Revoke`, logged by `Aops::end_write`
+//!   file it was freed to) is revoked (`Record::Revoke`, logged by `Aops::end_writes`
 //!   in the transaction fsync then waits for), so replay never writes the older copy
 //!   over newer data. `State::jblocks` lists the blocks journaled since the last
 //!   checkpoint (the only ones replay can write), so only those need a revoke.

@@ -10,7 +10,7 @@
 //! Delayed allocation, as ext4 does it: `write()` reserves one block per page that has
 //! no block yet (`prepare_write`), writeback allocates them (`map_write`) where the
 //! previous allocation ended (so consecutive inodes of one pass get adjacent extents),
-//! and only when the data write completed (`end_write`) is the extent logged (ordered
+//! and only when the data write completed (`end_writes`) is the extent logged (ordered
 //! data). Blocks allocated for a write still in flight are "pending": if the file is
 //! truncated or deleted meanwhile they are freed when the write ends, never before
 //! (a late write must not land in a block someone else owns).
@@ -21,7 +21,7 @@ use super::meta::{valid_name, ApplyMode, Inode, Meta, NAME_MAX, ROOT_INO, TARGET
 use super::namei::{components, Resolved, MAX_SYMLINKS};
 use crate::block::{BlkError, BlkResult, RequestQueue};
 use crate::clock::ClockRef;
-use crate::mm::{AddressSpaceOps, CacheConfig, ErrSeq, Mapping, PageCache};
+use crate::mm::{AddressSpaceOps, CacheConfig, ErrSeq, Mapping, PageCache, WriteDone};
 use crate::writeback::{Bdi, WbConfig};
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -1286,22 +1286,38 @@ impl AddressSpaceOps for Aops {
         Ok(runs)
     }
 
-    fn end_write(
-        &self,
-        ino: u64,
-        index: u64,
-        n: u64,
-        sector: u64,
-        i_size: u64,
-        status: &BlkResult,
-    ) {
+    fn end_writes(&self, done: &[WriteDone<'_>]) {
         let Ok(vol) = self.vol() else { return };
+        for chunk in done.chunks(END_WRITES_PER_HOLD) {
+            let now = vol.clock.now_ns();
+            let gen = vol.barrier_started.load(Ordering::Acquire);
+            let mut st = vol.st.lock();
+            for d in chunk {
+                Self::end_write_locked(&vol, &mut st, now, gen, d);
+            }
+        }
+    }
+}
+
+/// Ended writes handled per hold of the state lock: a hold of a few µs, what a
+/// creating thread spins through (`spin::SPINS`) instead of sleeping.
+const END_WRITES_PER_HOLD: usize = 16;
+
+impl Aops {
+    /// One ended data write: the extent it mapped is logged (ordered data), what was
+    /// truncated away meanwhile freed, the size on disk moved.
+    fn end_write_locked(vol: &Vol, st: &mut State, now: u64, gen: u64, d: &WriteDone<'_>) {
+        let WriteDone {
+            ino,
+            index,
+            pages: n,
+            sector,
+            i_size,
+            status,
+        } = *d;
         if sector == u64::MAX {
             return; // never submitted: map_write failed and undid nothing
         }
-        let now = vol.clock.now_ns();
-        let gen = vol.barrier_started.load(Ordering::Acquire);
-        let mut st = vol.st.lock();
         let blk = sector / SECTORS_PER_BLOCK;
         if !st.inflight.contains_key(&blk) {
             // An overwrite in place (`try_map_write`): ended first, whatever follows
@@ -1476,7 +1492,7 @@ impl Aops {
             }
             p += k;
         }
-        // Counted once nothing can fail: `end_write` of each ends them. A deletion or
+        // Counted once nothing can fail: `end_writes` of each ends them. A deletion or
         // truncation freeing these blocks meanwhile leaves them unusable until then.
         for (blk, k) in in_place {
             alloc.begin_io(blk, k);
@@ -3020,7 +3036,14 @@ mod in_place_tests {
                 "block {b} free mid-write"
             );
         }
-        aops.end_write(ino, 0, 1, b * SECTORS_PER_BLOCK, 4096, &Ok(()));
+        aops.end_writes(&[WriteDone {
+            ino,
+            index: 0,
+            pages: 1,
+            sector: b * SECTORS_PER_BLOCK,
+            i_size: 4096,
+            status: &Ok(()),
+        }]);
         {
             let st = v.vol.st.lock();
             assert_eq!(st.meta.alloc.held_blocks(), 0);

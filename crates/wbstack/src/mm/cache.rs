@@ -46,19 +46,23 @@ pub trait AddressSpaceOps: Send + Sync + 'static {
     /// kernel puts an unused inode on the inode LRU only now (`mapping_shrinkable`).
     /// Called without the mapping's lock or the cache's LRU lock.
     fn mapping_emptied(&self, _ino: u64) {}
-    /// A data write of pages [index, index+n) to `sector` (as `map_write` returned it)
-    /// completed, with the file `i_size` bytes long at that moment (ordered-data hook:
-    /// only now may metadata pointing at these blocks be journaled).
-    fn end_write(
-        &self,
-        _ino: u64,
-        _index: u64,
-        _n: u64,
-        _sector: u64,
-        _i_size: u64,
-        _status: &BlkResult,
-    ) {
-    }
+    /// Data writes ended (ordered-data hook: only now may metadata pointing at their
+    /// blocks be journaled), before their pages leave writeback: one, or every write
+    /// of a completion batch (`block::bio::completion_batch`) in order.
+    fn end_writes(&self, _done: &[WriteDone<'_>]) {}
+}
+
+/// A data write that ended, as `AddressSpaceOps::end_writes` is told of it.
+pub struct WriteDone<'a> {
+    pub ino: u64,
+    /// Pages [index, index + pages) of the file, written at `sector` (as `map_write`
+    /// returned it).
+    pub index: u64,
+    pub pages: u64,
+    pub sector: u64,
+    /// The file's size in bytes when the write ended.
+    pub i_size: u64,
+    pub status: &'a BlkResult,
 }
 
 #[derive(Clone, Debug)]
@@ -1311,7 +1315,7 @@ impl Mapping {
 
     /// End the writeback of pages claimed by [`Mapping::claim_dirty`] (their home
     /// write completed, or failed: the error goes to the mapping as any write error),
-    /// without the filesystem's `end_write`: their metadata went with the data. Each
+    /// without the filesystem's `end_writes`: their metadata went with the data. Each
     /// claimed page is ended exactly once; a page cut away meanwhile (or replaced by a
     /// newer one at its index) only has its write counted out.
     pub fn end_claimed(&self, index: u64, n: u64, gen: WbGen, status: BlkResult) {
@@ -1355,10 +1359,20 @@ impl Mapping {
         status: BlkResult,
     ) {
         if let Some(sector) = sector {
-            let size = self.size();
-            self.ops
-                .end_write(self.ino, index, n, sector, size, &status);
+            self.ops.end_writes(&[WriteDone {
+                ino: self.ino,
+                index,
+                pages: n,
+                sector,
+                i_size: self.size(),
+                status: &status,
+            }]);
         }
+        self.end_writeback_pages(index, n, gen, status);
+    }
+
+    /// The pages' part of `end_writeback_as`, once the filesystem has been told.
+    fn end_writeback_pages(&self, index: u64, n: u64, gen: WbGen, status: BlkResult) {
         let mut inner = self.inner.lock();
         for i in index..index + n {
             if let Some(p) = inner.pages.get_mut(&i) {
@@ -1494,8 +1508,69 @@ struct WriteEnd {
 
 impl BioEndIo for WriteEnd {
     fn end_io(&self, _bio: Bio, status: BlkResult) {
-        self.mapping
-            .end_writeback(self.index, self.pages, self.gen, self.sector, status);
+        if crate::block::bio::defer_to_batch_end(end_deferred_writes) {
+            DEFERRED_WRITE_ENDS.with(|d| {
+                d.borrow_mut().push(DeferredWriteEnd {
+                    mapping: self.mapping.clone(),
+                    index: self.index,
+                    pages: self.pages,
+                    gen: self.gen,
+                    sector: self.sector,
+                    status,
+                })
+            });
+        } else {
+            self.mapping
+                .end_writeback(self.index, self.pages, self.gen, self.sector, status);
+        }
+    }
+}
+
+/// A write's end left to its completion batch's end (`end_deferred_writes`).
+struct DeferredWriteEnd {
+    mapping: Arc<Mapping>,
+    index: u64,
+    pages: u64,
+    gen: WbGen,
+    sector: u64,
+    status: BlkResult,
+}
+
+thread_local! {
+    static DEFERRED_WRITE_ENDS: std::cell::RefCell<Vec<DeferredWriteEnd>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// End the writes of this thread's completion batch: each filesystem is told of its
+/// writes in one `end_writes` call (it takes its state lock once for many, not once a
+/// file), then their pages leave writeback, as `end_writeback_as` orders one write.
+fn end_deferred_writes() {
+    let ends = DEFERRED_WRITE_ENDS.with(|d| std::mem::take(&mut *d.borrow_mut()));
+    let ops_of = |e: &DeferredWriteEnd| Arc::as_ptr(&e.mapping.ops) as *const ();
+    let mut first = 0;
+    while first < ends.len() {
+        let ops = ops_of(&ends[first]);
+        let run = ends[first..]
+            .iter()
+            .take_while(|e| ops_of(e) == ops)
+            .count();
+        let done: Vec<WriteDone<'_>> = ends[first..first + run]
+            .iter()
+            .map(|e| WriteDone {
+                ino: e.mapping.ino,
+                index: e.index,
+                pages: e.pages,
+                sector: e.sector,
+                i_size: e.mapping.size(),
+                status: &e.status,
+            })
+            .collect();
+        ends[first].mapping.ops.end_writes(&done);
+        first += run;
+    }
+    for e in ends {
+        e.mapping
+            .end_writeback_pages(e.index, e.pages, e.gen, e.status);
     }
 }
 

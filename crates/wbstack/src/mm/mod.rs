@@ -4,5 +4,5 @@ pub mod cache;
 pub mod errseq;
 pub mod throttle;
 
-pub use cache::{AddressSpaceOps, CacheConfig, Mapping, PageCache, WbGen, PAGE_SIZE};
+pub use cache::{AddressSpaceOps, CacheConfig, Mapping, PageCache, WbGen, WriteDone, PAGE_SIZE};
 pub use errseq::ErrSeq;
