@@ -296,6 +296,15 @@ impl Shared {
                 // through its guard) and every SubmissionQueue in this file is created and
                 // dropped under that lock, so no other one exists.
                 let mut sq = unsafe { self.ring.submission_shared() };
+                // A tail behind the kernel's head (a queue dropped outside the lock
+                // storing a stale tail) would make `push_multiple` write over SQEs the
+                // kernel has not read: impossible, and stopped here if it ever is not.
+                assert!(
+                    sq.len() <= sq.capacity(),
+                    "io_uring SQ tail behind its head ({} entries of {})",
+                    sq.len(),
+                    sq.capacity()
+                );
                 // SAFETY: each entry either references no memory (NOP, FSYNC, FALLOCATE)
                 // or points at the iovec array and IoBufs of a Slot already stored in the
                 // slab. The array is a boxed slice and the IoBufs are heap allocations, so
@@ -329,7 +338,13 @@ impl Shared {
             let _g = self.inner.lock();
             // SAFETY: SubmissionQueues of the shared ring exist only under `inner`'s
             // lock, held here, so this is the only one; it is only read.
-            unsafe { self.ring.submission_shared() }.len()
+            // Bound to a local, so the queue is dropped before the guard: its drop
+            // stores the tail it read, and a block's tail-expression temporary (edition
+            // 2021) outlives the block's locals. Dropped after the guard, it put the
+            // tail back behind other threads' pushes: the kernel's head ran past it
+            // (the next push's length wrapped), and SQEs were lost or read as garbage.
+            let pending = unsafe { self.ring.submission_shared() }.len();
+            pending
         })
     }
 
