@@ -611,3 +611,125 @@ fn a_write_failing_on_a_later_page_returns_the_short_count() {
     v.unmount().unwrap();
     assert!(fsck(&q).is_clean());
 }
+
+/// A page written again while its first write was in flight found a block (the
+/// write's allocation) and reserved nothing; when that write failed, its block was
+/// freed, and the page's next writeback allocated with no reservation behind it: on a
+/// volume filled meanwhile, data a successful write() had accepted was lost to ENOSPC.
+#[test]
+fn a_page_rewritten_while_its_write_fails_keeps_room_for_its_next_write() {
+    let (q, v) = fresh("sim:ssd,size=64M", ordered());
+    // A failed write whose page nobody wrote again leaves no reservation behind.
+    let b = v.create("/b").unwrap();
+    let free = v.statfs().free;
+    b.write_at(0, &[1u8; 4096]).unwrap();
+    fail_data_writes(&q, &v);
+    assert_eq!(eio(b.fsync()), libc::EIO);
+    assert_eq!(
+        v.statfs().free,
+        free,
+        "the failed write's block and reservation"
+    );
+    b.close().unwrap();
+
+    let f = v.create("/a").unwrap();
+    f.write_at(0, &[1u8; 4096]).unwrap();
+    sim(&q).hold(true);
+    let first = f.flush_async().unwrap();
+    let t0 = std::time::Instant::now();
+    while sim(&q).pending() == 0 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the page's write never reached the device"
+        );
+        std::thread::yield_now();
+    }
+    f.write_at(0, &[2u8; 4096]).unwrap();
+    sim(&q).hold(false);
+    assert_eq!(eio(first.wait()), libc::EIO);
+    sim(&q).clear_faults();
+    let fill = v.create("/fill").unwrap();
+    let mut off = 0;
+    for chunk in [vec![7u8; 1 << 20], vec![7u8; 4096]] {
+        while fill.write_at(off, &chunk).is_ok() {
+            off += chunk.len() as u64;
+        }
+    }
+    fill.fsync().unwrap();
+    // The rewrite's data is written: the failed write's error was reported already.
+    f.fsync().unwrap();
+    f.close().unwrap();
+    fill.close().unwrap();
+    v.unmount().unwrap();
+    assert!(fsck(&q).is_clean());
+    let v = Volume::mount(q.clone(), ordered()).unwrap();
+    let f = v.open("/a", &OpenOptions::read()).unwrap();
+    let mut b = vec![0u8; 4096];
+    assert_eq!(f.read_at(0, &mut b).unwrap(), 4096);
+    assert!(b.iter().all(|&x| x == 2), "the rewrite's data");
+    f.close().unwrap();
+    v.unmount().unwrap();
+}
+
+/// A write over a page with a block on disk reserves nothing; a truncation between its
+/// reservation and its copy (here: while it reads the partial page) freed that block,
+/// and the write then dirtied the page with neither block nor reservation: on a full
+/// volume its writeback failed with ENOSPC after write() had returned success. A
+/// truncation waits for writes in progress (the inode's i_rwsem), as in the kernel.
+#[test]
+fn a_write_racing_a_truncation_keeps_room_for_its_page() {
+    let (q, v) = fresh("sim:ssd,size=64M", ordered());
+    let f = v.create("/a").unwrap();
+    f.write_at(0, &[1u8; 4096]).unwrap();
+    f.fsync().unwrap();
+    f.close().unwrap();
+    assert!(v.drop_cache("/a").unwrap());
+    let f = Arc::new(v.open("/a", &OpenOptions::read_write()).unwrap());
+    let reads = q.diskstats().ios[0];
+    sim(&q).hold(true);
+    let writer = {
+        let f = f.clone();
+        std::thread::spawn(move || f.write_at(100, &[2u8; 100]))
+    };
+    let t0 = std::time::Instant::now();
+    while q.diskstats().ios[0] == reads && sim(&q).pending() == 0 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the partial page's read never came"
+        );
+        std::thread::yield_now();
+    }
+    let truncater = {
+        let f = f.clone();
+        std::thread::spawn(move || f.set_len(0))
+    };
+    let t0 = std::time::Instant::now();
+    while !truncater.is_finished() && f.truncations_waiting() == 0 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the truncation neither ran nor waited"
+        );
+        std::thread::yield_now();
+    }
+    sim(&q).hold(false);
+    assert_eq!(writer.join().unwrap().unwrap(), 100);
+    truncater.join().unwrap().unwrap();
+    assert_eq!(f.size(), 0, "the truncation came after the write");
+    let fill = v.create("/fill").unwrap();
+    let mut off = 0;
+    for chunk in [vec![7u8; 1 << 20], vec![7u8; 4096]] {
+        while fill.write_at(off, &chunk).is_ok() {
+            off += chunk.len() as u64;
+        }
+    }
+    fill.fsync().unwrap();
+    f.fsync().unwrap();
+    fill.close().unwrap();
+    Arc::try_unwrap(f)
+        .ok()
+        .expect("threads joined")
+        .close()
+        .unwrap();
+    v.unmount().unwrap();
+    assert!(fsck(&q).is_clean());
+}

@@ -592,6 +592,20 @@ impl Allocator {
         Ok(())
     }
 
+    /// Reserves `n` of the blocks a failed data write just freed, for the data that
+    /// still needs them, whatever the metadata headroom (`available` keeps it): they
+    /// were data's before the failure, so the headroom never counted on them.
+    pub fn reserve_freed(&mut self, n: u64) -> Result<(), AllocError> {
+        if n > self.unreserved() {
+            return Err(AllocError::Invalid(format!(
+                "cannot reserve {n} freed blocks: only {} are unreserved",
+                self.unreserved()
+            )));
+        }
+        self.reserved += n;
+        Ok(())
+    }
+
     /// Gives back `n` reserved blocks (data truncated or overwritten before writeback).
     pub fn unreserve(&mut self, n: u64) -> Result<(), AllocError> {
         if n > self.reserved {

@@ -1304,6 +1304,37 @@ impl AddressSpaceOps for Aops {
 const END_WRITES_PER_HOLD: usize = 16;
 
 impl Aops {
+    /// A failed write's blocks, file pages [first, first + n), were freed: a page of
+    /// them written again meanwhile reserved nothing (its write found this write's
+    /// block, `Live::unjournaled_block`), so it gets a reservation now, from the
+    /// blocks just freed, or its next writeback could meet a full volume and lose data
+    /// that write() accepted. A writer between its `prepare_write` and its copy may
+    /// not have dirtied its page yet: with one in progress, every page of the range
+    /// still cached is given one (one the writer then does not dirty stays held, as
+    /// `release_write` leaves a concurrent writer's, until the file goes).
+    fn reserve_for_rewritten(vol: &Vol, st: &mut State, ino: u64, first: u64, n: u64) {
+        let Some(m) = vol.icache.lock().get(&ino).cloned() else {
+            return; // no mapping: no page was written again
+        };
+        let writing = m.writers() > 0;
+        let Some(l) = st.live.get_mut(&ino) else {
+            return;
+        };
+        let pages: Vec<u64> = (first..first + n)
+            .filter(|p| !l.delalloc.contains(p))
+            .filter(|&p| m.page_dirty(p) || (writing && m.page_owes_write(p)))
+            .collect();
+        if pages.is_empty() {
+            return;
+        }
+        l.delalloc.extend(pages.iter().copied());
+        let r = st.meta.alloc.reserve_freed(pages.len() as u64);
+        st.allocator_broken(
+            "reserving, from a failed write's blocks, for its rewritten pages",
+            r,
+        );
+    }
+
     /// One ended data write: the extent it mapped is logged (ordered data), what was
     /// truncated away meanwhile freed, the size on disk moved.
     fn end_write_locked(vol: &Vol, st: &mut State, now: u64, gen: u64, d: &WriteDone<'_>) {
@@ -1384,6 +1415,15 @@ impl Aops {
                 // Never referenced by any committed metadata: reusable at once.
                 let r = st.meta.alloc.free(blk + alive, inf.len - alive);
                 st.allocator_broken("freeing the blocks of a write truncated away", r);
+                if status.is_err() {
+                    Self::reserve_for_rewritten(
+                        vol,
+                        st,
+                        inf.ino,
+                        inf.fblock + alive,
+                        inf.len - alive,
+                    );
+                }
             }
             written_end = written_end.min((inf.fblock + alive) * PAGE);
             if !st.ordered.is_empty() {
@@ -2234,6 +2274,7 @@ impl Vol {
         mapping: &Arc<Mapping>,
         size: u64,
     ) -> FsResult<()> {
+        let _i_rwsem = mapping.lock_for_truncate();
         let _truncating = {
             let mut st = self.st.lock();
             st.check_writable()?;
@@ -2838,6 +2879,7 @@ impl File {
         if !self.write {
             return Err(FsError::BadFd("not open for writing".into()));
         }
+        let _i_rwsem = self.mapping.lock_for_write();
         let off = if self.append {
             self.mapping.size()
         } else {
@@ -2874,6 +2916,7 @@ impl File {
         if !self.write {
             return Err(FsError::BadFd("not open for writing".into()));
         }
+        let _i_rwsem = self.mapping.lock_for_write();
         Ok(self.mapping.write_at(off, data)?)
     }
 
@@ -2884,6 +2927,11 @@ impl File {
 
     pub fn size(&self) -> u64 {
         self.mapping.size()
+    }
+
+    /// Truncations of this file waiting for writes in progress.
+    pub fn truncations_waiting(&self) -> u32 {
+        self.mapping.truncations_waiting()
     }
 
     pub fn stat(&self) -> FsResult<Stat> {

@@ -6,7 +6,7 @@ use super::errseq::ErrSeq;
 use crate::block::{Bio, BioEndIo, BioFlags, BlkError, BlkResult, Plug};
 use crate::buf::IoBuf;
 use crate::writeback::{Bdi, WbInode, Wbc};
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -380,6 +380,12 @@ pub struct Mapping {
     /// Writes between their `prepare_write` and their end: a failed one may release
     /// only reservations no other write in progress counts on.
     writers: std::sync::atomic::AtomicU32,
+    /// The inode's i_rwsem, as the filesystem uses it: its writes hold it shared, a
+    /// truncation exclusive, so no truncation frees a block between a write's
+    /// reservation (which found the block and reserved nothing) and its copy.
+    i_rwsem: RwLock<()>,
+    /// Truncations waiting for `i_rwsem`.
+    truncations_waiting: std::sync::atomic::AtomicU32,
 }
 
 impl Mapping {
@@ -406,6 +412,8 @@ impl Mapping {
             cv: Condvar::new(),
             me: me.clone(),
             writers: std::sync::atomic::AtomicU32::new(0),
+            i_rwsem: RwLock::new(()),
+            truncations_waiting: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -421,6 +429,25 @@ impl Mapping {
     pub fn nr_dirty(&self) -> u64 {
         self.inner.lock().nr_dirty
     }
+    /// Hold for a write through the filesystem: shared with other writes, excluding
+    /// truncation (`lock_for_truncate`). Not taken again while held: a truncation
+    /// waiting for it would stop the second taking.
+    pub fn lock_for_write(&self) -> RwLockReadGuard<'_, ()> {
+        self.i_rwsem.read()
+    }
+    /// Hold for a truncation: waits for every write in progress, and keeps new ones
+    /// out until dropped.
+    pub fn lock_for_truncate(&self) -> RwLockWriteGuard<'_, ()> {
+        self.truncations_waiting.fetch_add(1, Ordering::SeqCst);
+        let g = self.i_rwsem.write();
+        let prev = self.truncations_waiting.fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(prev > 0, "a truncation stopped waiting twice");
+        g
+    }
+    /// Truncations waiting for writes in progress (`lock_for_truncate`).
+    pub fn truncations_waiting(&self) -> u32 {
+        self.truncations_waiting.load(Ordering::SeqCst)
+    }
     /// Writes in progress (past their `prepare_write`, not yet returned).
     pub fn writers(&self) -> u32 {
         self.writers.load(Ordering::SeqCst)
@@ -432,6 +459,10 @@ impl Mapping {
             .pages
             .get(&index)
             .is_some_and(|p| p.dirty || p.writeback)
+    }
+    /// Page `index` is dirty (written again since its last claim, if under writeback).
+    pub fn page_dirty(&self, index: u64) -> bool {
+        self.inner.lock().pages.get(&index).is_some_and(|p| p.dirty)
     }
     pub fn nr_pages(&self) -> usize {
         self.inner.lock().pages.len()
