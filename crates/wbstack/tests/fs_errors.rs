@@ -47,6 +47,28 @@ fn two_opens_of_dirty_data_failing_home(
     (q, v, a, b)
 }
 
+/// /fill, written until the volume has no room for another block, and synced.
+fn fill_volume(v: &Volume) -> wbstack::fs::File {
+    let fill = v.create("/fill").unwrap();
+    let mut off = 0;
+    for chunk in [vec![7u8; 1 << 20], vec![7u8; 4096]] {
+        while fill.write_at(off, &chunk).is_ok() {
+            off += chunk.len() as u64;
+        }
+    }
+    fill.fsync().unwrap();
+    fill
+}
+
+/// Wait, a bounded while, for `cond`.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        assert!(t0.elapsed().as_secs() < 10, "{what}");
+        std::thread::yield_now();
+    }
+}
+
 fn eio(r: Result<(), wbstack::fs::FsError>) -> i32 {
     match r {
         Ok(()) => 0,
@@ -553,14 +575,7 @@ fn a_truncation_into_a_hole_on_a_full_volume_neither_hangs_nor_allocates() {
     v.create("/victim").unwrap().close().unwrap();
     // A page to write (the rename's commit will wait for it), then fill the volume.
     f.write_at(5 * 4096, &[2u8; 4096]).unwrap();
-    let fill = v.create("/fill").unwrap();
-    let mut off = 0;
-    for chunk in [vec![7u8; 1 << 20], vec![7u8; 4096]] {
-        while fill.write_at(off, &chunk).is_ok() {
-            off += chunk.len() as u64;
-        }
-    }
-    fill.fsync().unwrap();
+    let fill = fill_volume(&v);
     v.rename("/a", "/victim").unwrap();
     // The rename started page 5's writeback: allocated, its reservation is spent, and
     // the truncation that frees it frees it only at the next commit.
@@ -636,26 +651,14 @@ fn a_page_rewritten_while_its_write_fails_keeps_room_for_its_next_write() {
     f.write_at(0, &[1u8; 4096]).unwrap();
     sim(&q).hold(true);
     let first = f.flush_async().unwrap();
-    let t0 = std::time::Instant::now();
-    while sim(&q).pending() == 0 {
-        assert!(
-            t0.elapsed().as_secs() < 10,
-            "the page's write never reached the device"
-        );
-        std::thread::yield_now();
-    }
+    wait_until("the page's write never reached the device", || {
+        sim(&q).pending() > 0
+    });
     f.write_at(0, &[2u8; 4096]).unwrap();
     sim(&q).hold(false);
     assert_eq!(eio(first.wait()), libc::EIO);
     sim(&q).clear_faults();
-    let fill = v.create("/fill").unwrap();
-    let mut off = 0;
-    for chunk in [vec![7u8; 1 << 20], vec![7u8; 4096]] {
-        while fill.write_at(off, &chunk).is_ok() {
-            off += chunk.len() as u64;
-        }
-    }
-    fill.fsync().unwrap();
+    let fill = fill_volume(&v);
     // The rewrite's data is written: the failed write's error was reported already.
     f.fsync().unwrap();
     f.close().unwrap();
@@ -691,38 +694,21 @@ fn a_write_racing_a_truncation_keeps_room_for_its_page() {
         let f = f.clone();
         std::thread::spawn(move || f.write_at(100, &[2u8; 100]))
     };
-    let t0 = std::time::Instant::now();
-    while q.diskstats().ios[0] == reads && sim(&q).pending() == 0 {
-        assert!(
-            t0.elapsed().as_secs() < 10,
-            "the partial page's read never came"
-        );
-        std::thread::yield_now();
-    }
+    wait_until("the partial page's read never came", || {
+        q.diskstats().ios[0] > reads || sim(&q).pending() > 0
+    });
     let truncater = {
         let f = f.clone();
         std::thread::spawn(move || f.set_len(0))
     };
-    let t0 = std::time::Instant::now();
-    while !truncater.is_finished() && f.truncations_waiting() == 0 {
-        assert!(
-            t0.elapsed().as_secs() < 10,
-            "the truncation neither ran nor waited"
-        );
-        std::thread::yield_now();
-    }
+    wait_until("the truncation neither ran nor waited", || {
+        truncater.is_finished() || f.truncations_waiting() > 0
+    });
     sim(&q).hold(false);
     assert_eq!(writer.join().unwrap().unwrap(), 100);
     truncater.join().unwrap().unwrap();
     assert_eq!(f.size(), 0, "the truncation came after the write");
-    let fill = v.create("/fill").unwrap();
-    let mut off = 0;
-    for chunk in [vec![7u8; 1 << 20], vec![7u8; 4096]] {
-        while fill.write_at(off, &chunk).is_ok() {
-            off += chunk.len() as u64;
-        }
-    }
-    fill.fsync().unwrap();
+    let fill = fill_volume(&v);
     f.fsync().unwrap();
     fill.close().unwrap();
     Arc::try_unwrap(f)

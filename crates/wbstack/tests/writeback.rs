@@ -411,13 +411,36 @@ fn fsync_work_writes_only_its_range_and_waits() {
 }
 
 /// The test filesystem, counting the times a thread is about to sleep until pages
-/// leave writeback: how a test knows an fsync is waiting for a write.
-struct WaitCounting {
+/// leave writeback (how a test knows an fsync is waiting for a write), and recording
+/// each `end_writes` call.
+struct Observing {
     fs: Arc<wbstack::testfs::TestFs>,
     waits: AtomicU64,
+    /// Whose pages under writeback an `end_writes` call counts.
+    bdi: parking_lot::Mutex<Option<Arc<wbstack::writeback::Bdi>>>,
+    calls: parking_lot::Mutex<Vec<EndWritesCall>>,
 }
 
-impl wbstack::mm::AddressSpaceOps for WaitCounting {
+impl Observing {
+    fn new(fs: Arc<wbstack::testfs::TestFs>) -> Observing {
+        Observing {
+            fs,
+            waits: AtomicU64::new(0),
+            bdi: parking_lot::Mutex::new(None),
+            calls: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// One `end_writes` call: the (inode, first page, pages) it was told of, and how many
+/// pages were still under writeback then.
+#[derive(Debug, PartialEq)]
+struct EndWritesCall {
+    writes: Vec<(u64, u64, u64)>,
+    under_writeback: u64,
+}
+
+impl wbstack::mm::AddressSpaceOps for Observing {
     fn map_write(
         &self,
         ino: u64,
@@ -437,6 +460,14 @@ impl wbstack::mm::AddressSpaceOps for WaitCounting {
     fn writeback_wait(&self, _ino: u64) {
         self.waits.fetch_add(1, Ordering::SeqCst);
     }
+    fn end_writes(&self, done: &[wbstack::mm::WriteDone<'_>]) {
+        let under_writeback = self.bdi.lock().as_ref().map_or(0, |b| b.nr_writeback());
+        let writes = done.iter().map(|d| (d.ino, d.index, d.pages)).collect();
+        self.calls.lock().push(EndWritesCall {
+            writes,
+            under_writeback,
+        });
+    }
 }
 
 #[test]
@@ -452,10 +483,7 @@ fn fsync_waits_for_writeback_started_before_it_and_reports_its_error() {
     );
     let sim = v.q.device().as_any().downcast_ref::<SimDevice>().unwrap();
     for (ino, fails) in [(1u64, false), (2, true)] {
-        let ops = Arc::new(WaitCounting {
-            fs: v.fs.clone(),
-            waits: AtomicU64::new(0),
-        });
+        let ops = Arc::new(Observing::new(v.fs.clone()));
         let f = wbstack::mm::Mapping::new(ino, 0, v.bdi.clone(), ops.clone());
         f.write_at(0, &page(ino, 0)).unwrap();
         if fails {
@@ -948,48 +976,6 @@ fn a_write_failed_by_another_readers_error_leaves_no_dirty_page_unlisted() {
     }
 }
 
-/// The test filesystem, recording each `end_writes` call.
-struct EndRecording {
-    fs: Arc<wbstack::testfs::TestFs>,
-    bdi: parking_lot::Mutex<Option<Arc<wbstack::writeback::Bdi>>>,
-    calls: parking_lot::Mutex<Vec<EndWritesCall>>,
-}
-
-/// One `end_writes` call: the (inode, first page, pages) it was told of, and how many
-/// pages were still under writeback then.
-#[derive(Debug, PartialEq)]
-struct EndWritesCall {
-    writes: Vec<(u64, u64, u64)>,
-    under_writeback: u64,
-}
-
-impl wbstack::mm::AddressSpaceOps for EndRecording {
-    fn map_write(
-        &self,
-        ino: u64,
-        index: u64,
-        n: u64,
-    ) -> Result<Vec<(u64, u64)>, wbstack::block::BlkError> {
-        self.fs.map_write(ino, index, n)
-    }
-    fn map_read(
-        &self,
-        ino: u64,
-        index: u64,
-        n: u64,
-    ) -> Result<Vec<(Option<u64>, u64)>, wbstack::block::BlkError> {
-        self.fs.map_read(ino, index, n)
-    }
-    fn end_writes(&self, done: &[wbstack::mm::WriteDone<'_>]) {
-        let under_writeback = self.bdi.lock().as_ref().map_or(0, |b| b.nr_writeback());
-        let writes = done.iter().map(|d| (d.ino, d.index, d.pages)).collect();
-        self.calls.lock().push(EndWritesCall {
-            writes,
-            under_writeback,
-        });
-    }
-}
-
 #[test]
 fn a_merged_requests_writes_reach_the_filesystem_in_one_call_before_any_page_leaves_writeback() {
     // Eight one-page files on adjacent blocks, written in one plugged pass: one request
@@ -1002,11 +988,8 @@ fn a_merged_requests_writes_reach_the_filesystem_in_one_call_before_any_page_lea
         quiet_wb(true),
         1,
     );
-    let ops = Arc::new(EndRecording {
-        fs: v.fs.clone(),
-        bdi: parking_lot::Mutex::new(Some(v.bdi.clone())),
-        calls: parking_lot::Mutex::new(Vec::new()),
-    });
+    let ops = Arc::new(Observing::new(v.fs.clone()));
+    *ops.bdi.lock() = Some(v.bdi.clone());
     let files: Vec<_> = (1..=8u64)
         .map(|ino| {
             let f = wbstack::mm::Mapping::new(ino, 0, v.bdi.clone(), ops.clone());
