@@ -263,9 +263,11 @@ fn compare(first: &Recovered, now: &Recovered, root: u64, made: &Made, problems:
             continue;
         }
         if !replacements.is_empty() && got.is_some_and(|g| *g != want) {
+            let by: Vec<String> = replacements.iter().map(|k| format!("t{k}")).collect();
             problems.push(format!(
-                "/{DIR}/{name}: {} bytes back, neither its fsynced {len} nor a whole replacement (t{replacements:?}, renamed over it without fsync)",
-                got.map_or(0, |g| g.len())
+                "/{DIR}/{name}: {} bytes back, neither its fsynced {len} nor a whole replacement ({}, renamed over it without fsync)",
+                got.map_or(0, |g| g.len()),
+                by.join(", ")
             ));
             continue;
         }
