@@ -400,6 +400,117 @@ fn a_truncation_to_zero_rewritten_and_closed_is_old_or_whole_under_flush_on_clos
     assert_clean(&check(&build(true, false), &r(&[]), FsyncRule::Inode));
 }
 
+/// /a (2): fsynced. /a.new (3): created, then each (sector, sectors, version) of
+/// `before` written, renamed over /a without fsync, each of `after` written, closed.
+/// /g (4) is created last: journaled after the rename, so its name makes the rename
+/// durable.
+fn replace_log(flush_on_close: bool, before: &[(u64, u64, u64)], after: &[(u64, u64, u64)]) -> Log {
+    let mut log = Log::deferring_zero_truncates(flush_on_close);
+    create(&mut log, ROOT, "a", 2);
+    write(&mut log, 2, 0, 8, 1);
+    fsync(&mut log, 2);
+    create(&mut log, ROOT, "a.new", 3);
+    for &(s, n, ver) in before {
+        write(&mut log, 3, s, n, ver);
+    }
+    log.push(Entry::Rename {
+        from_dir: ROOT,
+        from: "a.new".into(),
+        to_dir: ROOT,
+        to: "a".into(),
+        ino: 3,
+        victim: Some(2),
+    });
+    for &(s, n, ver) in after {
+        write(&mut log, 3, s, n, ver);
+    }
+    log.push(Entry::Close { ino: 3 });
+    create(&mut log, ROOT, "g", 4);
+    log
+}
+
+/// The replaced name after the durable rename, holding `vers` of /a.new's inode.
+fn replaced(vers: &[u64]) -> Recovered {
+    recovered(
+        &[(ROOT, "a", 3), (ROOT, "g", 4)],
+        vec![(3, content(3, vers)), (4, Vec::new())],
+    )
+}
+
+/// flush_on_close's replace promise: a new file written, renamed over an existing
+/// name without fsync, then closed. Once the rename is durable the name holds every
+/// byte written before it; an empty or partial file is a lost promise.
+#[test]
+fn a_durable_rename_over_carries_the_new_files_data_with_flush_on_close() {
+    let log = replace_log(true, &[(0, 16, 2)], &[]);
+    assert_clean(&check(&log, &replaced(&[2; 16]), FsyncRule::Inode));
+    let mut second_block_zeros = vec![2; 8];
+    second_block_zeros.extend([0; 8]);
+    for (short, lost) in [
+        (vec![], 16),
+        (vec![2; 8], 8),
+        (second_block_zeros, 8),
+        ([vec![2, 2, 2, 0], vec![2; 12]].concat(), 1),
+    ] {
+        let v = check(&log, &replaced(&short), FsyncRule::Inode);
+        assert_eq!(v.renamed_bytes_lost, lost * 512, "{short:?}: {v:#?}");
+        // Nothing was fsynced: only the new rule sees it.
+        assert_eq!(v.fsynced_bytes_lost, 0, "{short:?}: {v:#?}");
+        assert!(!v.clean());
+    }
+    // Not durable (the tree before the rename): the old file, or the new one empty
+    // under its temporary name.
+    let before = recovered(
+        &[(ROOT, "a", 2), (ROOT, "a.new", 3)],
+        vec![(2, content(2, &[1; 8])), (3, Vec::new())],
+    );
+    assert_clean(&check(&log, &before, FsyncRule::Inode));
+    // Without flush_on_close nothing orders the data with the rename.
+    let v = check(
+        &replace_log(false, &[(0, 16, 2)], &[]),
+        &replaced(&[]),
+        FsyncRule::Inode,
+    );
+    assert_clean(&v);
+}
+
+/// Only newly allocated data is ordered with the rename (fs/flush.rs, ext4's
+/// data=ordered): a block's first write is in its first copy, but a later write to a
+/// block already written back lands in place and is not waited for; writes after the
+/// rename are not covered at all.
+#[test]
+fn a_rename_over_requires_only_each_blocks_first_write_before_it() {
+    // Block 0: sectors 0..4 by version 2, then 4..8 by version 3 (in place if block 0
+    // was written back between them). Block 1: version 4 only. Block 2: version 5,
+    // after the rename.
+    let log = replace_log(true, &[(0, 4, 2), (4, 4, 3), (8, 8, 4)], &[(16, 8, 5)]);
+    let mut vers = vec![2, 2, 2, 2, 3, 3, 3, 3];
+    vers.extend([4; 8]);
+    let whole = [vers.clone(), vec![5; 8]].concat();
+    assert_clean(&check(&log, &replaced(&whole), FsyncRule::Inode));
+    assert_clean(&check(&log, &replaced(&vers), FsyncRule::Inode));
+    // Version 3 never reached the disk: block 0 as version 2 wrote it back.
+    let in_place_lost = [vec![2, 2, 2, 2, 0, 0, 0, 0], vec![4; 8]].concat();
+    assert_clean(&check(&log, &replaced(&in_place_lost), FsyncRule::Inode));
+    // Block 1 held only version 4: newly allocated, so it must be there.
+    let v = check(&log, &replaced(&vers[..8]), FsyncRule::Inode);
+    assert_eq!(v.renamed_bytes_lost, 8 * 512, "{v:#?}");
+    // So must version 2's sectors, the first write of block 0.
+    let first_lost = [vec![0, 0, 2, 2, 3, 3, 3, 3], vec![4; 8]].concat();
+    let v = check(&log, &replaced(&first_lost), FsyncRule::Inode);
+    assert_eq!(v.renamed_bytes_lost, 2 * 512, "{v:#?}");
+    // A truncation before the rename: the log cannot tell which blocks are new.
+    let mut log = replace_log(true, &[(0, 16, 2)], &[]);
+    let at = log
+        .entries
+        .iter()
+        .position(|e| matches!(e, Entry::Rename { .. }))
+        .unwrap();
+    log.entries
+        .insert(at, Entry::Truncate { ino: 3, size: 4096 });
+    assert_clean(&check(&log, &replaced(&[]), FsyncRule::Inode));
+}
+
 #[test]
 fn hard_links_and_renames_over_files_are_one_inode() {
     let mut log = Log::new();

@@ -339,11 +339,18 @@ pub struct Verdict {
     pub stale_sectors_exposed: u64,
     /// Files longer than any size they had since their last durable truncate.
     pub size_errors: u64,
+    /// With `flush_on_close`: bytes of a file's newly allocated data, written before
+    /// it was renamed over another name, missing although that rename is durable
+    /// (read back older, zeros, garbage, or past the end), and not already counted in
+    /// `fsynced_bytes_lost`.
+    pub renamed_bytes_lost: u64,
     /// The first problems, in words.
     pub problems: Vec<String>,
 }
 
 pub(crate) const MAX_PROBLEMS: usize = 12;
+/// Sectors of a page (the volume's block): the unit writeback allocates and writes.
+const SECTORS_PER_BLOCK: u64 = 4096 / SECTOR;
 
 impl Verdict {
     pub fn clean(&self) -> bool {
@@ -353,6 +360,7 @@ impl Verdict {
             && self.garbage_sectors == 0
             && self.stale_sectors_exposed == 0
             && self.size_errors == 0
+            && self.renamed_bytes_lost == 0
     }
 
     fn note(&mut self, p: String) {
@@ -583,7 +591,8 @@ pub fn check(log: &Log, rec: &Recovered, rule: FsyncRule) -> Verdict {
         let bad = d.fsynced_bytes_lost / SECTOR
             + d.garbage_sectors
             + d.stale_sectors_exposed
-            + d.size_errors;
+            + d.size_errors
+            + d.renamed_bytes_lost / SECTOR;
         let done = bad == 0 && p.is_none_or(|p| p >= need);
         judged.push((bad, d));
         if done {
@@ -621,6 +630,7 @@ pub fn check(log: &Log, rec: &Recovered, rule: FsyncRule) -> Verdict {
         v.garbage_sectors = d.garbage_sectors;
         v.stale_sectors_exposed = d.stale_sectors_exposed;
         v.size_errors = d.size_errors;
+        v.renamed_bytes_lost = d.renamed_bytes_lost;
         for p in d.problems {
             v.note(p);
         }
@@ -732,7 +742,8 @@ pub(crate) fn check_file(
         let bad = d.fsynced_bytes_lost / SECTOR
             + d.garbage_sectors
             + d.stale_sectors_exposed
-            + d.size_errors;
+            + d.size_errors
+            + d.renamed_bytes_lost / SECTOR;
         if best.as_ref().is_none_or(|(b, _)| bad < *b) {
             best = Some((bad, d));
         }
@@ -743,6 +754,7 @@ pub(crate) fn check_file(
         v.garbage_sectors += d.garbage_sectors;
         v.stale_sectors_exposed += d.stale_sectors_exposed;
         v.size_errors += d.size_errors;
+        v.renamed_bytes_lost += d.renamed_bytes_lost;
         for n in d.problems {
             v.note(n);
         }
@@ -811,6 +823,22 @@ pub(crate) fn judge_file(
     // resolution is journaled with the data written back before it, so if that is a
     // close, every write before the close is there (old content or new, never empty).
     let mut close_watch = false;
+    // flush_on_close's replace promise (fs/flush.rs): the commit of a rename over
+    // another name waits for the renamed file's pages that had no block yet or a
+    // write in flight; a page rewritten in place over a block already written is
+    // started, not waited for. The log cannot see writeback, so what it can tell is
+    // newly allocated: a block of a file created in this log, neither truncated nor
+    // zeroed since (no block of it was ever freed, or kept for a deferred
+    // truncation), can have been written back only after the first write that touched
+    // it, so that write's sectors are in the block's first copy, which is either
+    // durable before the rename or ordered with it. Later writes to the block may have
+    // landed in place: not required. `fresh`: the file is such a file; `first`: by
+    // file block, the first write touching it (version, acknowledged, its sectors).
+    let mut fresh = false;
+    let mut first: BTreeMap<u64, (u64, bool, u64, u64)> = BTreeMap::new();
+    // What durable renames over require, as `req` and `lb` for barriers.
+    let mut rreq: Vec<Option<usize>> = vec![None; nsec as usize];
+    let mut rlb = 0u64;
     // Everything acknowledged so far must be there: an acknowledged barrier, or the
     // close that resolved a durable deferred truncation under flush_on_close.
     let require_all = |hist: &[Vec<(u64, bool)>], req: &mut [Option<usize>], size: u64| {
@@ -821,6 +849,10 @@ pub(crate) fn judge_file(
     };
     for (i, e) in es.iter().enumerate() {
         match e {
+            Entry::Create { ino: c, .. } if *c == ino => {
+                fresh = true;
+                first.clear();
+            }
             Entry::Write { ino: w, ver, .. } if *w == ino && frozen => {
                 unseen.insert(*ver);
             }
@@ -834,6 +866,15 @@ pub(crate) fn judge_file(
                 ..
             } if *w == ino => {
                 let covered = *ok && *done != 0 && *done < barrier_at;
+                if fresh {
+                    for b in
+                        sector / SECTORS_PER_BLOCK..(sector + sectors).div_ceil(SECTORS_PER_BLOCK)
+                    {
+                        first
+                            .entry(b)
+                            .or_insert((*ver, *ok, *sector, sector + sectors));
+                    }
+                }
                 for s in *sector..sector + sectors {
                     let h = &mut hist[s as usize];
                     h.push((*ver, *ok));
@@ -856,13 +897,15 @@ pub(crate) fn judge_file(
                 sectors,
                 ok,
             } if *w == ino && !frozen => {
+                fresh = false;
                 // Version 0 is no write's: it stands for the zeros.
                 for s in *sector..sector + sectors {
                     hist[s as usize].push((0, *ok));
                 }
             }
-            Entry::Truncate { ino: t, .. } if *t == ino && frozen => {}
+            Entry::Truncate { ino: t, .. } if *t == ino && frozen => fresh = false,
             Entry::Truncate { ino: t, size: to } if *t == ino => {
+                fresh = false;
                 let durable = p.is_some_and(|p| durable(i, p));
                 let deferred = flush_on_close && *to == 0 && on_disk;
                 close_watch = deferred && durable;
@@ -878,8 +921,10 @@ pub(crate) fn judge_file(
                         for s in to.div_ceil(SECTOR)..nsec {
                             hist[s as usize].clear();
                             req[s as usize] = None;
+                            rreq[s as usize] = None;
                         }
                         lb = lb.min(*to);
+                        rlb = rlb.min(*to);
                         ub = *to;
                     } else {
                         lb = lb.max(*to);
@@ -916,6 +961,25 @@ pub(crate) fn judge_file(
                 victim: Some(_),
                 ..
             } if *r == ino && flush_on_close => {
+                if fresh && p.is_some_and(|p| durable(i, p)) {
+                    // Writes logged before the rename returned before its call (it is
+                    // logged under the log's lock held across the call); a write logged
+                    // after it raced it or came after, and is not required.
+                    for (&b, &(ver, ok, from, to)) in &first {
+                        if !ok {
+                            // Which of its pages reached the cache is unknown.
+                            continue;
+                        }
+                        let block = b * SECTORS_PER_BLOCK..(b + 1) * SECTORS_PER_BLOCK;
+                        for s in from.max(block.start)..to.min(block.end) {
+                            if let Some(k) = hist[s as usize].iter().position(|x| x.0 == ver) {
+                                let r = &mut rreq[s as usize];
+                                *r = Some(r.unwrap_or(0).max(k + 1));
+                                rlb = rlb.max((s + 1) * SECTOR);
+                            }
+                        }
+                    }
+                }
                 // It resolves a deferred truncation itself, and until its commit a
                 // truncation is journaled at once, not deferred.
                 close_watch = false;
@@ -936,11 +1000,14 @@ pub(crate) fn judge_file(
     }
     let mut garbage_blocks = BTreeSet::new();
     let mut lost_sectors = Vec::new();
+    let mut renamed_lost: Vec<(u64, String)> = Vec::new();
     for s in 0..len.div_ceil(SECTOR) {
         let bytes = &content[(s * SECTOR) as usize..((s + 1) * SECTOR).min(len) as usize];
         let need = if judged { req[s as usize] } else { None };
         let need_data = need.is_some_and(|k| k > 0);
-        match classify(bytes) {
+        let class = classify(bytes);
+        let lost_before = lost_sectors.len();
+        match class {
             Sector::Zero => {
                 // Zeros are what a zeroing at or after the required one left, or what
                 // nothing required.
@@ -994,6 +1061,32 @@ pub(crate) fn judge_file(
                 }
             }
         }
+        let rneed = if judged { rreq[s as usize] } else { None };
+        if let Some(k) = rneed.filter(|&k| k > 0 && lost_sectors.len() == lost_before) {
+            let h = &hist[s as usize];
+            let short = match class {
+                Sector::Zero => h
+                    .iter()
+                    .rposition(|x| x.0 == 0)
+                    .is_none_or(|a| a + 1 < k)
+                    .then(|| "zeros".to_string()),
+                Sector::Written { ino: wi, idx, ver } if wi == ino && idx == s => h
+                    .iter()
+                    .position(|x| x.0 == ver)
+                    .is_none_or(|a| a + 1 < k)
+                    .then(|| format!("version {ver}, older than the one written before")),
+                _ => Some("garbage".into()),
+            };
+            if let Some(why) = short {
+                renamed_lost.push((s, why));
+            }
+        }
+    }
+    if judged && rlb > len {
+        // Sectors past the end the barriers' rule did not already count.
+        for s in len.max(lb).div_ceil(SECTOR)..rlb.div_ceil(SECTOR) {
+            renamed_lost.push((s, "past the end of the file".into()));
+        }
     }
     if judged && lb > len {
         for s in len.div_ceil(SECTOR)..lb.div_ceil(SECTOR) {
@@ -1016,6 +1109,20 @@ pub(crate) fn judge_file(
             lost_sectors.len(),
             shown.join(", "),
             if lost_sectors.len() > 8 { ", ..." } else { "" }
+        ));
+    }
+    v.renamed_bytes_lost += renamed_lost.len() as u64 * SECTOR;
+    if !renamed_lost.is_empty() {
+        let shown: Vec<String> = renamed_lost
+            .iter()
+            .take(8)
+            .map(|(s, what)| format!("{s} ({what})"))
+            .collect();
+        v.note(format!(
+            "inode {ino}: {} sector(s) written before a durable rename over another name (flush_on_close) lost: {}{}",
+            renamed_lost.len(),
+            shown.join(", "),
+            if renamed_lost.len() > 8 { ", ..." } else { "" }
         ));
     }
 }

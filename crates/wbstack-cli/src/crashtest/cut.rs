@@ -127,6 +127,12 @@ impl CutReport {
         if v.size_errors > 0 {
             r.push(format!("{} size error(s)", v.size_errors));
         }
+        if v.renamed_bytes_lost > 0 {
+            r.push(format!(
+                "{} bytes written before a durable rename over lost",
+                v.renamed_bytes_lost
+            ));
+        }
         if let Some(l) = self.second_life.as_ref().filter(|l| !l.problems.is_empty()) {
             r.push(format!(
                 "second life: {} ({} problem(s))",

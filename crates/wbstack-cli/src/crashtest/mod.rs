@@ -27,6 +27,14 @@
 //!   on disk is journaled with the rewrite, so the file holds its old content or its
 //!   new one, never a mix, and once that truncation is durable, every write before the
 //!   close that resolved it is there too.
+//! - With `flush_on_close`, a rename over another name (the workload's `Replace`: a
+//!   new file written, renamed over an existing name without fsync, closed): once the
+//!   rename is durable, the renamed file holds every sector that the first write of
+//!   its block put there before the rename, if the file was created in the log and
+//!   never truncated or zeroed since (its blocks are newly allocated, and a block's
+//!   first copy holds its first write). Later writes to a block may have landed in
+//!   place over it, which the rename does not wait for (ext4's data=ordered), and
+//!   writes after or racing the rename are not covered.
 //! - Always: no garbage, nothing a durable truncate cut away, no size beyond any the
 //!   file had.
 //!
@@ -161,6 +169,8 @@ pub struct Summary {
     pub garbage_blocks_exposed: u64,
     pub stale_sectors_exposed: u64,
     pub size_errors: u64,
+    /// flush_on_close's replace promise: see `Verdict::renamed_bytes_lost`.
+    pub renamed_bytes_lost: u64,
     pub fsck_errors: u64,
     pub mount_failures: u64,
     pub recovery_errors: u64,
@@ -199,6 +209,7 @@ impl Summary {
         self.garbage_blocks_exposed += v.garbage_blocks_exposed;
         self.stale_sectors_exposed += v.stale_sectors_exposed;
         self.size_errors += v.size_errors;
+        self.renamed_bytes_lost += v.renamed_bytes_lost;
         self.fsck_errors += r.fsck_errors;
         self.mount_failures += r.mount_error.is_some() as u64;
         self.recovery_errors += r.recovery_error.is_some() as u64;
@@ -416,11 +427,12 @@ pub fn print_human(s: &Summary) {
         "  landed with in flight: journal {}, checkpoint {}, data {}, flush {}, superblock {}; a commit/flush (PREFLUSH|FUA) {}; nothing {}; unflushed writes in the cache {}",
         l.journal, l.checkpoint, l.data, l.flush, l.superblock, l.preflush_fua, l.idle, l.unflushed
     );
-    let rows: [(&str, u64); 13] = [
+    let rows: [(&str, u64); 14] = [
         ("fsynced_bytes_lost", s.fsynced_bytes_lost),
         ("garbage_blocks_exposed", s.garbage_blocks_exposed),
         ("stale_sectors_exposed", s.stale_sectors_exposed),
         ("size_errors", s.size_errors),
+        ("renamed_bytes_lost", s.renamed_bytes_lost),
         ("fsck_errors", s.fsck_errors),
         ("mount_failures", s.mount_failures),
         ("recovery_errors", s.recovery_errors),

@@ -68,6 +68,9 @@ pub(crate) enum Kind {
     Unlink,
     Rename,
     RenameOver,
+    /// Write a new file, rename it over an existing name without fsync, close it
+    /// (an editor's save): what flush_on_close makes safe.
+    Replace,
     RenameDir,
     Rmdir,
     Append,
@@ -91,6 +94,7 @@ pub(crate) const MIX: &[(Kind, u32)] = &[
     (Kind::Unlink, 6),
     (Kind::Rename, 5),
     (Kind::RenameOver, 4),
+    (Kind::Replace, 4),
     (Kind::RenameDir, 2),
     (Kind::Rmdir, 1),
     (Kind::Append, 16),
@@ -393,6 +397,46 @@ pub(crate) fn do_op(
             m.unlinked(victim);
             Ok(())
         }
+        Kind::Replace => {
+            let (d, n, victim) = m.pick_name(rng).unwrap();
+            let (tmp, ino) = create_in(vol, &mut m, d, "t")?;
+            let h = m.handle(vol, ino)?;
+            let lock = m.files[&ino].lock.clone();
+            let start = m.log.len();
+            let room = m.budget.saturating_sub(m.live_bytes());
+            drop(m);
+            *last = Some(ino);
+            // One write_all_at: every block of the new file is first written by it.
+            write(ctx, rng, Kind::Append, ino, &h, &lock, start, room)?;
+            let mut m = ctx.model.lock();
+            // Other threads may have renamed or unlinked either name meanwhile; the
+            // model's lock holds both still from here to the rename's log entry.
+            let named = |m: &Model, name: &str| m.dirs.get(&d).and_then(|e| e.get(name)).copied();
+            if named(&m, &tmp) != Some(ino) || named(&m, &n) != Some(victim) {
+                return Ok(());
+            }
+            vol.rename(&m.path(d, &tmp), &m.path(d, &n))?;
+            m.log.push(Entry::Rename {
+                from_dir: d,
+                from: tmp.clone(),
+                to_dir: d,
+                to: n.clone(),
+                ino,
+                victim: Some(victim),
+            });
+            m.dirs.get_mut(&d).unwrap().remove(&tmp);
+            m.dirs.get_mut(&d).unwrap().insert(n, ino);
+            m.unlinked(victim);
+            // Closed after the rename, as Kind::Close closes (logged first): the data
+            // must be ordered with the rename whether or not the close came first.
+            let h = m.files.get_mut(&ino).unwrap().handle.take();
+            if h.is_some() {
+                m.log.push(Entry::Close { ino });
+            }
+            drop(m);
+            drop(h);
+            Ok(())
+        }
         Kind::RenameDir => {
             let subdirs: Vec<u64> = m.dirs.keys().copied().filter(|&d| d != m.root).collect();
             if subdirs.is_empty() {
@@ -535,7 +579,18 @@ pub(crate) fn do_op(
 
 pub(crate) fn create(vol: &Volume, m: &mut Model, rng: &mut ChaCha8Rng) -> FsResult<()> {
     let dir = m.pick_dir(rng);
-    let name = m.fresh("f");
+    create_in(vol, m, dir, "f").map(|_| ())
+}
+
+/// Create and open a new file in `dir` named `prefix` and a fresh number: its name
+/// and inode.
+pub(crate) fn create_in(
+    vol: &Volume,
+    m: &mut Model,
+    dir: u64,
+    prefix: &str,
+) -> FsResult<(String, u64)> {
+    let name = m.fresh(prefix);
     let o = OpenOptions {
         read: true,
         write: true,
@@ -551,7 +606,7 @@ pub(crate) fn create(vol: &Volume, m: &mut Model, rng: &mut ChaCha8Rng) -> FsRes
         ino,
         is_dir: false,
     });
-    m.dirs.get_mut(&dir).unwrap().insert(name, ino);
+    m.dirs.get_mut(&dir).unwrap().insert(name.clone(), ino);
     m.files.insert(
         ino,
         FileRec {
@@ -561,7 +616,7 @@ pub(crate) fn create(vol: &Volume, m: &mut Model, rng: &mut ChaCha8Rng) -> FsRes
             size: 0,
         },
     );
-    Ok(())
+    Ok((name, ino))
 }
 
 /// One write of `kind` to `ino`, `room` bytes of budget left.
