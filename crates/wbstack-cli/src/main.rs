@@ -191,7 +191,7 @@ struct CrashtestArgs {
     #[arg(long)]
     states: bool,
     /// With --states: a workload to run (repeatable; default all): rename-over,
-    /// link-unlink, truncate-write, fsync-dir, fdatasync-extend, fallocate-keep-size,
+    /// replace, link-unlink, truncate-write, fsync-dir, fdatasync-extend, fallocate-keep-size,
     /// punch-hole, mount-ops, random.
     #[arg(long, requires = "states")]
     workload: Vec<String>,

@@ -14,8 +14,10 @@
 //!   over blocks already on disk are written back at the rename but not waited for, as
 //!   ext4's data=ordered orders only newly allocated blocks: after a crash such a page
 //!   may hold an earlier version (never zeros). Writes to `new` after the rename are
-//!   not covered (fsync them). crashtest does not check this promise yet: a rule
-//!   requiring every write before the rename fails on in-place rewrites, as it should.
+//!   not covered (fsync them). crashtest checks this promise (`renamed_bytes_lost`):
+//!   once the rename is durable, each block's first write made before it, in a file
+//!   created during the run and never truncated, must be there; later writes over a
+//!   block are rewrites in place, and optional.
 //! * truncate to zero of a file with data on disk (`O_TRUNC`, `ftruncate(0)`), then a
 //!   rewrite: the truncation is not journaled when it happens. The old blocks stay where
 //!   they are and the rewrite goes to new blocks; at close the file is written back and
