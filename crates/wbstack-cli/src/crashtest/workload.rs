@@ -254,6 +254,32 @@ impl Model {
         Ok(h)
     }
 
+    /// close(2) of `ino`'s descriptor, exactly where its entry is logged: other holders
+    /// (a write, an fsync in progress) let go of it without this lock, so it waits
+    /// here for them, and no entry logged later can come before the close. A close
+    /// that came later (the last holder's drop) resolved a deferred truncation where
+    /// the checker did not expect it: after a truncation logged after its Close entry
+    /// (crashtest seed 70187 failed so, the rewrite's close requiring writes made after
+    /// the truncation was already journaled). The last close of an unlinked file
+    /// deletes it.
+    fn close(&mut self, ino: u64) {
+        let Some(h) = self.files.get_mut(&ino).unwrap().handle.take() else {
+            return;
+        };
+        self.log.push(Entry::Close { ino });
+        let t0 = std::time::Instant::now();
+        while Arc::strong_count(&h) > 1 {
+            // A holder is inside one call (write_all_at, fsync): it lets go when the
+            // call returns, and the volume's own timeouts bound that.
+            if t0.elapsed() > std::time::Duration::from_secs(1) {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        drop(h);
+    }
+
     /// `ino` lost a name; its size leaves the budget when it lost its last one and is
     /// closed (the filesystem deleted it).
     fn unlinked(&mut self, ino: u64) {
@@ -400,14 +426,13 @@ pub(crate) fn do_op(
         Kind::Replace => {
             let (d, n, victim) = m.pick_name(rng).unwrap();
             let (tmp, ino) = create_in(vol, &mut m, d, "t")?;
-            let h = m.handle(vol, ino)?;
             let lock = m.files[&ino].lock.clone();
             let start = m.log.len();
             let room = m.budget.saturating_sub(m.live_bytes());
             drop(m);
             *last = Some(ino);
             // One write_all_at: every block of the new file is first written by it.
-            write(ctx, rng, Kind::Append, ino, &h, &lock, start, room)?;
+            write(ctx, rng, Kind::Append, ino, &lock, start, room)?;
             let mut m = ctx.model.lock();
             // Other threads may have renamed or unlinked either name meanwhile; the
             // model's lock holds both still from here to the rename's log entry.
@@ -427,14 +452,8 @@ pub(crate) fn do_op(
             m.dirs.get_mut(&d).unwrap().remove(&tmp);
             m.dirs.get_mut(&d).unwrap().insert(n, ino);
             m.unlinked(victim);
-            // Closed after the rename, as Kind::Close closes (logged first): the data
-            // must be ordered with the rename whether or not the close came first.
-            let h = m.files.get_mut(&ino).unwrap().handle.take();
-            if h.is_some() {
-                m.log.push(Entry::Close { ino });
-            }
-            drop(m);
-            drop(h);
+            // Closed after the rename, as Kind::Close closes.
+            m.close(ino);
             Ok(())
         }
         Kind::RenameDir => {
@@ -491,17 +510,15 @@ pub(crate) fn do_op(
         }
         Kind::Append | Kind::BigAppend | Kind::Overwrite | Kind::Unaligned => {
             let ino = m.pick_file(rng, false).unwrap();
-            let h = m.handle(vol, ino)?;
             let lock = m.files[&ino].lock.clone();
             let start = m.log.len();
             let room = m.budget.saturating_sub(m.live_bytes());
             drop(m);
             *last = Some(ino);
-            write(ctx, rng, kind, ino, &h, &lock, start, room)
+            write(ctx, rng, kind, ino, &lock, start, room)
         }
         Kind::Truncate => {
             let ino = m.pick_file(rng, false).unwrap();
-            let h = m.handle(vol, ino)?;
             let lock = m.files[&ino].lock.clone();
             let room = m.budget.saturating_sub(m.live_bytes());
             drop(m);
@@ -515,7 +532,15 @@ pub(crate) fn do_op(
             // The truncate is journaled: logged under the model's lock, in order with
             // every namespace operation.
             let mut m = ctx.model.lock();
+            if !m.files.get(&ino).is_some_and(|f| f.alive()) {
+                // Closed and unlinked by another thread since it was picked.
+                return Ok(());
+            }
+            // The descriptor is the model's, taken under its lock: a Close cannot
+            // have let it go while this truncation runs.
+            let h = m.handle(vol, ino)?;
             h.set_len(to)?;
+            drop(h);
             m.log.push(Entry::Truncate { ino, size: to });
             *size = to;
             m.files.get_mut(&ino).unwrap().size = to;
@@ -534,11 +559,9 @@ pub(crate) fn do_op(
                 Barrier::Fsync(ino)
             });
             drop(m);
-            if data {
-                h.fdatasync()?;
-            } else {
-                h.fsync()?;
-            }
+            let r = if data { h.fdatasync() } else { h.fsync() };
+            drop(h);
+            r?;
             ctx.model.lock().log.ack_barrier(id);
             Ok(())
         }
@@ -565,13 +588,7 @@ pub(crate) fn do_op(
             let Some(ino) = m.pick_file(rng, true) else {
                 return Ok(());
             };
-            let h = m.files.get_mut(&ino).unwrap().handle.take();
-            // Logged first: close(2) comes at the drop below, or later if another
-            // thread still holds the descriptor for a write.
-            m.log.push(Entry::Close { ino });
-            drop(m);
-            // The last close of an unlinked file deletes it.
-            drop(h);
+            m.close(ino);
             Ok(())
         }
     }
@@ -626,12 +643,21 @@ pub(crate) fn write(
     rng: &mut ChaCha8Rng,
     kind: Kind,
     ino: u64,
-    h: &File,
     lock: &Mutex<u64>,
     start: usize,
     room: u64,
 ) -> FsResult<()> {
     let mut size = lock.lock();
+    // The descriptor is taken only now, with the file's lock: a holder never waits
+    // for a lock (a Close waits under the model's lock for the holders, and a writer
+    // holding this lock waits for the model's).
+    let h = {
+        let mut m = ctx.model.lock();
+        if !m.files.get(&ino).is_some_and(|f| f.alive()) {
+            return Ok(()); // closed and unlinked by another thread since it was picked
+        }
+        m.handle(&ctx.vol, ino)?
+    };
     let end_sector = *size / SECTOR;
     let (mut first, mut n) = match kind {
         Kind::Append => (
@@ -671,6 +697,9 @@ pub(crate) fn write(
     // Before the log's lock: another thread's fsync may log its start meanwhile, yet
     // begin its call after this write returned, and then it covers this write.
     let done = stamp();
+    // Let go of the descriptor before the model's lock, as every holder does: a Close
+    // waits under that lock until it holds the descriptor's last reference.
+    drop(h);
     let mut m = ctx.model.lock();
     m.log.push(Entry::Write {
         ino,
