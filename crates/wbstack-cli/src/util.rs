@@ -108,10 +108,59 @@ pub fn status_done() {
     }
 }
 
+/// Every thread's stack of this process, from gdb attached to it for a moment: what a
+/// hang report needs, since a thread stuck on a lock or a condition says nothing
+/// itself. An error says why there are none (gdb missing, or it could not attach).
+pub fn thread_stacks() -> Result<String, String> {
+    let out = std::process::Command::new("gdb")
+        .args(["-p", &std::process::id().to_string(), "-batch", "-nx"])
+        .args(["-ex", "set pagination off", "-ex", "thread apply all bt 40"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run gdb: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !text.contains("Thread ") {
+        return Err(format!(
+            "gdb printed no stacks ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::duration_arg;
+    use super::{duration_arg, thread_stacks};
+    use std::sync::mpsc;
     use std::time::Duration;
+
+    /// A thread parked in a function of a known name, for a stack dump to find.
+    #[inline(never)]
+    fn parked_for_the_stack_dump(rx: mpsc::Receiver<()>) {
+        rx.recv().ok();
+    }
+
+    #[test]
+    fn thread_stacks_show_where_another_thread_waits() {
+        let (tx, rx) = mpsc::channel::<()>();
+        let (up_tx, up_rx) = mpsc::channel::<()>();
+        let t = std::thread::Builder::new()
+            .name("parked-one".into())
+            .spawn(move || {
+                up_tx.send(()).unwrap();
+                parked_for_the_stack_dump(rx)
+            })
+            .unwrap();
+        up_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let stacks = thread_stacks().expect("scripts/test installs gdb");
+        tx.send(()).unwrap();
+        t.join().unwrap();
+        assert!(
+            stacks.contains("parked_for_the_stack_dump"),
+            "no stack of the parked thread in:\n{stacks}"
+        );
+    }
 
     #[test]
     fn durations_take_seconds_units_minutes_and_hours() {

@@ -53,6 +53,10 @@ pub struct CutReport {
     pub unexpected_errors: Vec<String>,
     /// The cut did not finish within its time bound (threads left behind).
     pub hang: bool,
+    /// A hang's every thread's stack at the moment it was reported (or why there are
+    /// none): where the cut's threads wait, which no replay can show.
+    #[serde(skip)]
+    pub hang_stacks: Option<String>,
     pub verdict: Verdict,
     pub seconds: f64,
     /// Where a failing cut's replay file was written (`--replay FILE` rebuilds it).

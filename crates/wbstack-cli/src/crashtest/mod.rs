@@ -364,11 +364,18 @@ pub fn run(o: &CrashOpts) -> Result<Summary, String> {
             Err(_) => {
                 started.remove(&oldest);
                 let seed = o.seed.wrapping_add(oldest);
+                // Taken now, while the hung cut's threads still wait where they hang
+                // (the other cuts' too; `crash-cut<N>` names a cut's own thread).
+                let stacks = crate::util::thread_stacks().unwrap_or_else(|e| e);
+                eprintln!(
+                    "crashtest: cut {oldest} (seed {seed}) hung; every thread's stack:\n{stacks}"
+                );
                 CutReport {
                     cut: oldest,
                     seed,
                     plan: Some(CutPlan::new(seed, o.ops)),
                     hang: true,
+                    hang_stacks: Some(stacks),
                     seconds: CUT_LIMIT.as_secs_f64(),
                     ..CutReport::default()
                 }
