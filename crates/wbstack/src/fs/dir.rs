@@ -170,6 +170,36 @@ impl Dir {
         }
     }
 
+    /// Add `name` (whose hash is `h`) if absent, in one walk of the directory; false,
+    /// with nothing changed, if it is there already.
+    pub(super) fn insert_new_at(
+        &mut self,
+        h: u64,
+        name: &[u8],
+        ino: u64,
+        kind: Option<InodeKind>,
+    ) -> bool {
+        debug_assert!(
+            h >= FIRST_COOKIE,
+            "a name's hash {h} below the first cookie"
+        );
+        let slot = match self.by_hash.entry(h) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(Slot::One((Name::new(name, kind), ino)));
+                self.len += 1;
+                return true;
+            }
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+        };
+        if slot.entries().iter().any(|(n, _)| n.bytes() == name) {
+            return false;
+        }
+        // A collision: the shared slot takes it, as `insert_at` places it.
+        let replaced = self.insert_at(h, name, ino, kind);
+        debug_assert!(replaced.is_none(), "{name:?} was absent from its slot");
+        true
+    }
+
     /// Remove `name`; the inode it named, if any.
     pub fn remove(&mut self, seed: u64, name: &[u8]) -> Option<u64> {
         self.remove_at(name_hash(seed, name), name)
@@ -340,5 +370,22 @@ mod tests {
         assert_eq!(d.entry_at(7, b"dir"), Some((4, Some(InodeKind::File))));
         assert_eq!(d.entry_at(7, b"other"), Some((5, Some(InodeKind::Dir))));
         d.page(0, 10, |_| panic!("every kind is known"));
+    }
+
+    /// A link's insert: an absent name goes in (into a shared slot too), a present one
+    /// is refused with the directory unchanged.
+    #[test]
+    fn insert_new_refuses_a_present_name_and_changes_nothing() {
+        let mut d = Dir::new();
+        assert!(d.insert_new_at(10, b"a", 1, Some(InodeKind::File)));
+        assert!(!d.insert_new_at(10, b"a", 2, Some(InodeKind::Dir)));
+        assert_eq!(d.entry_at(10, b"a"), Some((1, Some(InodeKind::File))));
+        assert!(
+            d.insert_new_at(10, b"b", 3, None),
+            "a collision joins the slot"
+        );
+        assert!(!d.insert_new_at(10, b"b", 4, None));
+        assert_eq!((d.get_at(10, b"a"), d.get_at(10, b"b")), (Some(1), Some(3)));
+        assert_eq!(d.len(), 2);
     }
 }
