@@ -1027,3 +1027,68 @@ fn a_merged_requests_writes_reach_the_filesystem_in_one_call_before_any_page_lea
     assert_eq!(*ops.calls.lock(), vec![one]);
     *ops.bdi.lock() = None;
 }
+
+/// The test filesystem's map, with every run of pages handed back one extent per page
+/// (as a fragmented allocation would): each piece's bio carries its own part of the
+/// run's copy.
+struct OneExtentPerPage(Arc<wbstack::testfs::TestFs>, AtomicU64);
+
+impl wbstack::mm::AddressSpaceOps for OneExtentPerPage {
+    fn map_write(
+        &self,
+        ino: u64,
+        index: u64,
+        n: u64,
+    ) -> Result<Vec<(u64, u64)>, wbstack::block::BlkError> {
+        let whole = self.0.map_write(ino, index, n)?;
+        assert_eq!(
+            whole.len(),
+            1,
+            "the test filesystem maps a run in one extent"
+        );
+        self.1.fetch_add(u64::from(n > 1), Ordering::SeqCst);
+        Ok((0..n).map(|i| (whole[0].0 + i * 8, 1)).collect())
+    }
+    fn map_read(
+        &self,
+        ino: u64,
+        index: u64,
+        n: u64,
+    ) -> Result<Vec<(Option<u64>, u64)>, wbstack::block::BlkError> {
+        self.0.map_read(ino, index, n)
+    }
+}
+
+#[test]
+fn a_run_mapped_to_several_extents_writes_each_page_where_its_extent_says() {
+    let v = volume(
+        "null,memory_backed=1,lbs=4096,size=64M",
+        CacheConfig {
+            ra_max_pages: 0,
+            ..CacheConfig::default()
+        },
+        quiet_wb(true),
+        64,
+    );
+    let ops = Arc::new(OneExtentPerPage(v.fs.clone(), AtomicU64::new(0)));
+    let ino = 3;
+    let f = wbstack::mm::Mapping::new(ino, 0, v.bdi.clone(), ops.clone());
+    let data: Vec<u8> = (0..40).flat_map(|i| page(ino, i)).collect();
+    f.write_at(0, &data).unwrap();
+    let before = v.q.diskstats();
+    v.bdi.sync().unwrap();
+    let d = v.q.diskstats().delta(&before);
+    assert_eq!(d.sectors[1], 40 * 8, "every page written once");
+    assert!(
+        ops.1.load(Ordering::SeqCst) > 0,
+        "no run of pages was split"
+    );
+    // Read back through the test filesystem's own map, from the device.
+    let back = v.evict(ino, data.len() as u64).unwrap();
+    let mut out = vec![0u8; data.len()];
+    assert_eq!(back.read_at(0, &mut out).unwrap(), data.len());
+    for i in 0..40 {
+        let r = i * PAGE_SIZE..(i + 1) * PAGE_SIZE;
+        assert!(out[r.clone()] == data[r], "page {i} read back wrong");
+    }
+}

@@ -239,6 +239,14 @@ impl PageCache {
     }
 }
 
+/// Pages claimed for one write, `pages` from index `first`, and their data as it was
+/// at the claim, in one buffer.
+struct ClaimedRun {
+    first: u64,
+    pages: u64,
+    copy: IoBuf,
+}
+
 /// Which claim put a page under writeback: a per-mapping generation stamped on the
 /// pages one claim takes (a batch of `writepages`, or `claim_dirty`) and carried by
 /// the write's completion, which ends writeback only on pages still bearing it. A page
@@ -1170,8 +1178,10 @@ impl Mapping {
         let mut first_err = Ok(());
         let mut i = 0;
         while i < keys.len() {
-            // Runs of (first index, page copies).
-            let mut runs: Vec<(u64, Vec<IoBuf>)> = Vec::new();
+            // Runs of pages copied, each into one buffer (first index, pages, copy), and
+            // the run claimed but not copied yet (first index, pages).
+            let mut runs: Vec<ClaimedRun> = Vec::new();
+            let mut open_run: Option<(u64, u64)> = None;
             let mut claimed = 0u64;
             let gen;
             {
@@ -1194,6 +1204,9 @@ impl Mapping {
                             skip = true;
                             break;
                         }
+                        // Copied before the lock goes: a truncation may drop pages
+                        // under writeback, and a writer may change them.
+                        Self::copy_run(&inner, open_run.take(), &mut runs);
                         self.sleep_on_writeback(&mut inner, |_, i| {
                             i.pages.get(&k).is_some_and(|p| p.writeback)
                         });
@@ -1210,21 +1223,20 @@ impl Mapping {
                     }
                     self.clear_dirty(p, &mut nd);
                     Self::start_page_writeback(p, &mut nw, gen);
-                    let copy = IoBuf::from_slice(p.buf.as_slice());
                     inner.nr_dirty = nd;
                     inner.nr_wb = nw;
-                    match runs.last_mut() {
-                        Some((s, v))
-                            if *s + v.len() as u64 == k && (v.len() as u64) < max_pages =>
-                        {
-                            v.push(copy)
+                    match &mut open_run {
+                        Some((s, n)) if *s + *n == k => *n += 1,
+                        _ => {
+                            Self::copy_run(&inner, open_run.take(), &mut runs);
+                            open_run = Some((k, 1));
                         }
-                        _ => runs.push((k, vec![copy])),
                     }
                     claimed += 1;
                     wbc.nr_to_write -= 1;
                     wbc.written += 1;
                 }
+                Self::copy_run(&inner, open_run.take(), &mut runs);
             }
             if claimed == 0 {
                 continue;
@@ -1249,17 +1261,36 @@ impl Mapping {
         first_err
     }
 
+    /// Copy a run of pages just claimed, `(first index, pages)`, into one buffer, in
+    /// the hold of the mapping's lock that claimed them: the bio's data is the pages as
+    /// they were at their claim, copied once (a copy per page, then their
+    /// concatenation into the bio's buffer, copied a multi-page run twice).
+    fn copy_run(inner: &Inner, run: Option<(u64, u64)>, runs: &mut Vec<ClaimedRun>) {
+        let Some((first, pages)) = run else { return };
+        let copy = IoBuf::concat((first..first + pages).map(|k| {
+            let p = &inner.pages[&k];
+            debug_assert!(p.writeback, "page {k} copied for a write, not claimed");
+            debug_assert_eq!(p.buf.len(), PAGE_SIZE, "page {k} is not a whole page");
+            p.buf.as_slice()
+        }));
+        runs.push(ClaimedRun { first, pages, copy });
+    }
+
     /// Map and submit runs of claimed pages (under writeback) as bios.
     fn submit_runs(
         &self,
         q: &Arc<crate::block::RequestQueue>,
-        runs: Vec<(u64, Vec<IoBuf>)>,
+        runs: Vec<ClaimedRun>,
         gen: WbGen,
         flags: BioFlags,
     ) -> BlkResult {
         let mut first_err = Ok(());
-        for (start, pages) in runs {
-            let n = pages.len() as u64;
+        for ClaimedRun {
+            first: start,
+            pages: n,
+            copy,
+        } in runs
+        {
             let map = match self.ops.map_write(self.ino, start, n) {
                 Ok(m) => m,
                 Err(e) => {
@@ -1269,22 +1300,24 @@ impl Mapping {
                 }
             };
             let mapped: u64 = map.iter().map(|r| r.1).sum();
+            debug_assert!(mapped <= n, "the map covers more than the run");
             if mapped < n {
                 // The filesystem has no blocks for the rest (the inode went away while
                 // its pages were being claimed): nothing to write, nothing failed.
                 self.end_writeback(start + mapped, n - mapped, gen, u64::MAX, Ok(()));
             }
-            let mut it = pages.into_iter();
+            // The run's copy is the bio's buffer as it is when one extent holds it all
+            // (nearly always); each piece of a run split across extents copies its part.
+            let single = map.len() == 1 && mapped == n;
+            let mut copy = Some(copy);
             let mut idx = start;
             for (sector, cnt) in map {
-                let mut run: Vec<IoBuf> = it.by_ref().take(cnt as usize).collect();
-                debug_assert_eq!(run.len() as u64, cnt, "the map covers more than the run");
-                // A lone page's copy is the bio's buffer as it is: a small file's
-                // writeback copied it a second time, after zeroing the new page.
-                let buf = if run.len() == 1 {
-                    run.pop().expect("one page")
+                let buf = if single {
+                    copy.take().expect("one extent, one bio")
                 } else {
-                    IoBuf::concat(run.iter().map(IoBuf::as_slice))
+                    let c = copy.as_ref().expect("kept for every piece");
+                    let at = (idx - start) as usize * PAGE_SIZE;
+                    IoBuf::from_slice(&c.as_slice()[at..at + cnt as usize * PAGE_SIZE])
                 };
                 let bio = Bio::write(sector, buf)
                     .with_flags(flags)
