@@ -448,6 +448,47 @@ mod full_volume_tests {
     /// Metadata changes alone on a volume writes have filled: the checkpoints they
     /// need (each takes all its new nodes' blocks before it frees the old) find room,
     /// so unmount and the next mount succeed, and nothing is lost.
+    /// A checkpoint that took its changes keeps the blocks its nodes may need from
+    /// writes until it took them: taking the changes emptied `open_changed`, and a
+    /// filling write could take those blocks first (the checkpoint then failed for
+    /// space and the volume went read-only; the test below hit it under load).
+    #[test]
+    fn a_captured_checkpoint_keeps_its_room_until_its_nodes_take_it() {
+        let v = crate::fs::volume::test_volume(|_| {});
+        for i in 0..2000 {
+            v.create(&format!("/f{i}")).unwrap().close().unwrap();
+        }
+        let mut st = v.vol.st.lock();
+        st.refresh_meta_pending();
+        let before = st.meta.alloc.available();
+        let need = st.meta.checkpoint_need_blocks();
+        assert!(need > 2000, "2000 new inodes need {need} blocks");
+        let gen = st.meta.take_checkpoint_changes().gen;
+        st.refresh_meta_pending();
+        assert_eq!(st.meta.open_changed(), 0);
+        assert_eq!(
+            st.meta.checkpoint_need_blocks(),
+            need + 32,
+            "its need, and the root path's"
+        );
+        assert_eq!(
+            st.meta.alloc.available() + 32,
+            before,
+            "writes got the checkpoint's room"
+        );
+        st.meta.checkpoint_nodes_taken(gen);
+        st.refresh_meta_pending();
+        // Given back (the nodes' own blocks are the tree's from now on).
+        assert_eq!(st.meta.checkpoint_need_blocks(), 32);
+        assert!(
+            st.meta.alloc.available() > before,
+            "its room still kept after its nodes took it: {} of {before}",
+            st.meta.alloc.available()
+        );
+        drop(st);
+        v.unmount().unwrap();
+    }
+
     #[test]
     fn metadata_changes_on_a_volume_writes_filled_still_checkpoint_and_mount() {
         let q = RequestQueue::open("sim:ssd,size=64M", crate::block::QueueConfig::default())
@@ -480,7 +521,17 @@ mod full_volume_tests {
                 Err(e) => panic!("filling: {e}"),
             }
         }
-        fill.fsync().unwrap();
+        if let Err(e) = fill.fsync() {
+            let st = v.vol.st.lock();
+            panic!(
+                "fsync of the filled file: {e:?}; aborted: {:?}; journal: {:?}; \
+                 statfs {:?}; volume errseq {}",
+                st.aborted,
+                v.vol.jn.lock().error,
+                st.meta.alloc.statfs(),
+                v.vol.sb_err.raw(),
+            );
+        }
         fill.close().unwrap();
         assert!(filled > 16 << 20, "only {filled} bytes written");
         // Full but for what the fixed reserve and the next checkpoint keep.

@@ -623,7 +623,7 @@ impl Vol {
                 // written (and are freed once `st` is dropped).
                 let covered = Some(txn);
                 if self.sb.version >= TREE_VERSION {
-                    let changes = st.meta.take_changes();
+                    let changes = st.meta.take_checkpoint_changes();
                     st.refresh_meta_pending();
                     (
                         Payload::Checkpoint(CheckpointPayload::Tree(
@@ -642,7 +642,7 @@ impl Vol {
             } else if bg {
                 // The state as of this transaction, which is journaled as any other:
                 // until the checkpoint is durable, replay goes through it.
-                let changes = st.meta.take_changes();
+                let changes = st.meta.take_checkpoint_changes();
                 st.refresh_meta_pending();
                 (
                     Payload::Txn(txn),
@@ -841,7 +841,13 @@ impl Vol {
         let space = changes.space.take();
         let w = mt.write(changes, seq, &mut |goal, n| {
             alloc_nodes(&mut self.st.lock().meta, goal, n)
-        })?;
+        });
+        {
+            let mut st = self.st.lock();
+            st.meta.checkpoint_nodes_taken(gen);
+            st.refresh_meta_pending();
+        }
+        let w = w?;
         let data = self.sb.data_start..self.sb.nr_blocks;
         let enc = root_record(self.sb.fs_id, seq, tid, journal_pos, &w, space, data)?;
         // A failed or stopped volume writes no root: after a crash (`Volume::crash`)

@@ -206,6 +206,19 @@ pub struct Meta {
     /// The seed of directory entries' name hashes (the volume's fs_id): their order and
     /// readdir cookies, and the metadata tree's dirent keys.
     pub name_seed: u64,
+    /// Checkpoints that took their changes (`take_checkpoint_changes`) and have not yet
+    /// taken their nodes' blocks, by generation, with the blocks they may need: still
+    /// kept from writes (`checkpoint_need_blocks`), since their changes no longer count
+    /// in `open_changed`.
+    capturing: Vec<CapturingNeed>,
+}
+
+/// A checkpoint between taking its changes and taking its nodes' blocks: its
+/// changes' generation and the node blocks it may need.
+#[derive(Clone, Copy, Debug)]
+struct CapturingNeed {
+    gen: u64,
+    blocks: u64,
 }
 
 /// The encoded size of the whole-metadata image less its free extents (formats up to
@@ -351,6 +364,7 @@ impl Meta {
             tree_blocks_known: true,
             view: None,
             name_seed,
+            capturing: Vec::new(),
         }
     }
 
@@ -462,7 +476,15 @@ impl Meta {
     /// this: a 66-byte restatement can dirty a whole leaf. Creates cost less (new
     /// inodes and their entries share leaves); an inode whose entries or extents span
     /// many leaves, changed all over, could cost more.
+    /// Checkpoints that took their changes but not yet their nodes' blocks need theirs
+    /// too, on top.
     pub fn checkpoint_need_blocks(&self) -> u64 {
+        let capturing: u64 = self.capturing.iter().map(|c| c.blocks).sum();
+        self.open_need_blocks() + capturing
+    }
+
+    /// The node blocks a checkpoint of the changes not yet taken may need.
+    fn open_need_blocks(&self) -> u64 {
         const ROOT_PATH_NODES: u64 = 32;
         if self.changes.is_none() {
             // No tree (format 3's image goes to its fixed slot).
@@ -470,6 +492,31 @@ impl Meta {
         }
         let leaves = self.open_changed() as u64;
         leaves + leaves / 64 + ROOT_PATH_NODES
+    }
+
+    /// `take_changes` for a checkpoint of the running volume: the blocks its nodes may
+    /// need stay kept from writes until it took them (`checkpoint_nodes_taken`). Once
+    /// the changes were taken, `open_changed` no longer counted them, and writes could
+    /// take the blocks the checkpoint was about to need: under load, a checkpoint
+    /// slow to reach its node allocation found the volume full and failed it.
+    pub fn take_checkpoint_changes(&mut self) -> Changes {
+        let blocks = self.open_need_blocks();
+        let c = self.take_changes();
+        self.capturing.push(CapturingNeed { gen: c.gen, blocks });
+        c
+    }
+
+    /// The checkpoint of generation `gen` took its nodes' blocks (or failed to): its
+    /// need is no longer kept from writes.
+    pub fn checkpoint_nodes_taken(&mut self, gen: u64) {
+        let at = self.capturing.iter().position(|c| c.gen == gen);
+        debug_assert!(
+            at.is_some(),
+            "checkpoint {gen} took nodes it never asked room for"
+        );
+        if let Some(i) = at {
+            self.capturing.remove(i);
+        }
     }
 
     /// From now on keep the free space of the described state (`view`), starting from
