@@ -27,8 +27,10 @@ fn sector(block: u64) -> u64 {
 pub(super) fn committer(weak: Weak<Vol>) {
     loop {
         let Some(vol) = weak.upgrade() else { return };
-        if !vol.committer_step() {
-            return;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vol.committer_step())) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(p) => return vol.thread_panicked("commit", p.as_ref()),
         }
     }
 }
@@ -88,7 +90,12 @@ pub(super) struct CheckpointJob {
 pub(super) fn checkpointer(weak: Weak<Vol>, jobs: std::sync::mpsc::Receiver<CheckpointJob>) {
     for job in jobs {
         let Some(vol) = weak.upgrade() else { return };
-        vol.background_checkpoint(job.capture, job.tid, job.journal_pos, job.t0_ns);
+        let step = std::panic::AssertUnwindSafe(|| {
+            vol.background_checkpoint(job.capture, job.tid, job.journal_pos, job.t0_ns)
+        });
+        if let Err(p) = std::panic::catch_unwind(step) {
+            return vol.thread_panicked("checkpoint", p.as_ref());
+        }
     }
 }
 
@@ -163,6 +170,10 @@ enum CheckpointPayload {
 impl Vol {
     /// One decision of the committer; false when it must exit.
     fn committer_step(&self) -> bool {
+        #[cfg(test)]
+        if self.panic_next_commit.swap(false, Ordering::SeqCst) {
+            panic!("a bug in the commit thread (test)");
+        }
         // Journal writes that completed are finished first, oldest first: their
         // waiters are released before anything new is decided.
         self.finish_commits(usize::MAX);
@@ -978,6 +989,18 @@ impl Vol {
         }
     }
 
+    /// The volume's `which` thread panicked (a bug): the volume fails as on a journal
+    /// error, read-only with the panic's message, so every fsync, sync and unmount
+    /// waiting on that thread hears EIO instead of waiting forever for it.
+    pub(super) fn thread_panicked(&self, which: &str, payload: &(dyn std::any::Any + Send)) {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        self.abort(format!("the {which} thread panicked: {msg}"));
+    }
+
     pub(super) fn abort(&self, why: String) {
         self.sb_err.set(libc::EIO);
         // The first failure is the one to report: what fails after it (a checkpoint
@@ -1207,6 +1230,39 @@ mod abort_tests {
         syncer.join().unwrap();
         assert!(r.is_err(), "{r:?}");
         assert!(f.fsync().is_err());
+        drop(f);
+        assert!(std::sync::Arc::try_unwrap(v).is_ok_and(|v| v.unmount().is_err()));
+    }
+
+    /// A bug that panics the commit thread fails the volume (read-only, the panic's
+    /// message as the reason): the fsync waiting for that thread hears EIO, the next
+    /// change is refused, and unmount returns, instead of each waiting forever.
+    #[test]
+    fn a_panicking_commit_thread_fails_the_volume_instead_of_hanging_it() {
+        let v = std::sync::Arc::new(test_volume(|_| {}));
+        let f = std::sync::Arc::new(v.create("/f").unwrap());
+        f.write_at(0, b"data").unwrap();
+        v.vol
+            .panic_next_commit
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f2 = f.clone();
+        let syncer = std::thread::spawn(move || tx.send(f2.fsync()).unwrap());
+        let r = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("fsync still waiting a minute after the commit thread panicked");
+        syncer.join().unwrap();
+        assert_eq!(r, Err(crate::fs::FsError::Io));
+        let why = v.vol.st.lock().aborted.clone();
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.contains("the commit thread panicked: a bug")),
+            "{why:?}"
+        );
+        assert!(
+            v.create("/g").is_err(),
+            "a change accepted after the failure"
+        );
         drop(f);
         assert!(std::sync::Arc::try_unwrap(v).is_ok_and(|v| v.unmount().is_err()));
     }

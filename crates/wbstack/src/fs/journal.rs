@@ -846,6 +846,8 @@ impl Volume {
             flushq: Mutex::new(Default::default()),
             ordered_cv: Condvar::new(),
             truncate_cv: Condvar::new(),
+            #[cfg(test)]
+            panic_next_commit: AtomicBool::new(false),
         });
         let bound = aops.vol.set(Arc::downgrade(&vol));
         debug_assert!(bound.is_ok(), "a volume's page-cache ops bound twice");

@@ -1108,6 +1108,9 @@ pub(super) struct Vol {
     pub ordered_cv: Condvar,
     /// Signalled (with `st`) when a truncation ends (`State::truncating`).
     pub truncate_cv: Condvar,
+    /// Tests: the commit thread's next step panics, as a bug in it would.
+    #[cfg(test)]
+    pub panic_next_commit: AtomicBool,
 }
 
 /// A truncation of `ino` in progress, from its start to its end on every path.
