@@ -1643,9 +1643,13 @@ impl Vol {
                 // Only reservations a page holds: one a failed write left behind
                 // (held back for a concurrent writer) is written by nobody, and
                 // waiting for it would stop every commit.
-                let pages: BTreeSet<u64> = (l.delalloc.iter())
-                    .filter(|&p| m.as_ref().is_some_and(|m| m.page_owes_write(p)))
-                    .collect();
+                let pages: BTreeSet<u64> = match &m {
+                    Some(m) => m
+                        .pages_owing_write(l.delalloc.iter(), false)
+                        .into_iter()
+                        .collect(),
+                    None => BTreeSet::new(),
+                };
                 let inflight: Vec<u64> = l.pending.values().map(|e| e.0).collect();
                 if !pages.is_empty() || !inflight.is_empty() || l.trunc_pending {
                     let tid = st.running_tid;

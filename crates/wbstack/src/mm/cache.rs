@@ -460,17 +460,24 @@ impl Mapping {
     pub fn writers(&self) -> u32 {
         self.writers.load(Ordering::SeqCst)
     }
-    /// Page `index` holds data still to be written: dirty, or under writeback.
-    pub fn page_owes_write(&self, index: u64) -> bool {
-        self.inner
-            .lock()
-            .pages
-            .get(&index)
-            .is_some_and(|p| p.dirty || p.writeback)
-    }
-    /// Page `index` is dirty (written again since its last claim, if under writeback).
-    pub fn page_dirty(&self, index: u64) -> bool {
-        self.inner.lock().pages.get(&index).is_some_and(|p| p.dirty)
+    /// Of the pages at `indices`, those holding data still to be written: dirty, or
+    /// under writeback (with `dirty_only`, dirty: written again since their last claim,
+    /// if under writeback). One hold of the lock for them all, in the order given.
+    pub fn pages_owing_write(
+        &self,
+        indices: impl IntoIterator<Item = u64>,
+        dirty_only: bool,
+    ) -> Vec<u64> {
+        let inner = self.inner.lock();
+        indices
+            .into_iter()
+            .filter(|i| {
+                inner
+                    .pages
+                    .get(i)
+                    .is_some_and(|p| p.dirty || (!dirty_only && p.writeback))
+            })
+            .collect()
     }
     pub fn nr_pages(&self) -> usize {
         self.inner.lock().pages.len()

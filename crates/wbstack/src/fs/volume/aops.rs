@@ -69,10 +69,12 @@ impl AddressSpaceOps for Aops {
         let Some(l) = st.live.get_mut(&ino) else {
             return;
         };
-        let orphans: Vec<u64> = l
-            .delalloc
-            .range(index..index + n)
-            .filter(|&p| !m.page_owes_write(p))
+        let reserved: Vec<u64> = l.delalloc.range(index..index + n).collect();
+        let owing = m.pages_owing_write(reserved.iter().copied(), false);
+        // Both in page order: what owes no write is what is not in `owing`.
+        let orphans: Vec<u64> = reserved
+            .into_iter()
+            .filter(|p| owing.binary_search(p).is_err())
             .collect();
         if orphans.is_empty() {
             return;
@@ -173,10 +175,8 @@ impl Aops {
         let Some(l) = st.live.get_mut(&ino) else {
             return;
         };
-        let pages: Vec<u64> = (first..first + n)
-            .filter(|p| !l.delalloc.contains(p))
-            .filter(|&p| m.page_dirty(p) || (writing && m.page_owes_write(p)))
-            .collect();
+        let unreserved = (first..first + n).filter(|p| !l.delalloc.contains(p));
+        let pages = m.pages_owing_write(unreserved, !writing);
         if pages.is_empty() {
             return;
         }
