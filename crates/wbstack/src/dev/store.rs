@@ -53,11 +53,19 @@ impl SparseStore {
             let idx = pos / CHUNK as u64;
             let off = (pos % CHUNK as u64) as usize;
             let n = (CHUNK - off).min(data.len() - done);
-            let c = self
-                .chunks
-                .entry(idx)
-                .or_insert_with(|| Arc::new([0u8; CHUNK]));
-            Arc::make_mut(c)[off..off + n].copy_from_slice(&data[done..done + n]);
+            if n == CHUNK {
+                // A whole chunk: a new one made from the data, copied once (not zeroed,
+                // then copied, nor a snapshot's copy cloned to be overwritten).
+                let whole: Arc<[u8]> = Arc::from(&data[done..done + CHUNK]);
+                let whole: Chunk = whole.try_into().expect("a chunk's length");
+                self.chunks.insert(idx, whole);
+            } else {
+                let c = self
+                    .chunks
+                    .entry(idx)
+                    .or_insert_with(|| Arc::new([0u8; CHUNK]));
+                Arc::make_mut(c)[off..off + n].copy_from_slice(&data[done..done + n]);
+            }
             done += n;
             pos += n as u64;
         }
@@ -152,6 +160,14 @@ mod tests {
         let mut a = vec![0u8; 512];
         snap.read(3, &mut a);
         assert_eq!(&a[..], &data[..512], "snapshot unaffected by later writes");
+        // A whole chunk written over one a snapshot shares: a new chunk, the snapshot's
+        // left as it was.
+        s.write(8, &[5u8; CHUNK]);
+        let (mut live, mut old) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
+        s.read(8, &mut live);
+        snap.read(8, &mut old);
+        assert!(live.iter().all(|&b| b == 5));
+        assert_eq!(&old[..], &data[4096 - 1536..2 * 4096 - 1536]);
 
         s.discard(3, 2);
         let mut z = vec![1u8; 1024];
