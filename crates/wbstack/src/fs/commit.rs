@@ -1211,6 +1211,22 @@ mod abort_tests {
     use crate::fs::volume::test_volume;
     use std::time::Duration;
 
+    /// `call`'s result, run on a thread of its own, waited for at most a minute: a
+    /// call that hangs fails the test with `what` instead of hanging it.
+    fn within_a_minute<T: Send + 'static>(
+        what: &str,
+        call: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || tx.send(call()).unwrap());
+        let r = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("{what} still waiting a minute later"));
+        // It has sent its result: all that is left is dropping its handles.
+        t.join().unwrap();
+        r
+    }
+
     /// The volume stopped under `st` alone (what `State::allocator_broken` leaves: it
     /// cannot take the journal's lock there): the next commit fails the journal, so a
     /// syncfs returns an error instead of waiting for a commit that never comes.
@@ -1220,14 +1236,8 @@ mod abort_tests {
         let f = v.create("/f").unwrap();
         f.write_at(0, b"data").unwrap();
         v.vol.st.lock().aborted = Some("allocator: a test's broken free".into());
-        let (tx, rx) = std::sync::mpsc::channel();
         let v2 = v.clone();
-        let syncer = std::thread::spawn(move || tx.send(v2.sync()).unwrap());
-        let r = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("syncfs still waiting a minute after the volume stopped");
-        // It has sent its result: all that is left is dropping its handle.
-        syncer.join().unwrap();
+        let r = within_a_minute("syncfs after the volume stopped", move || v2.sync());
         assert!(r.is_err(), "{r:?}");
         assert!(f.fsync().is_err());
         drop(f);
@@ -1245,13 +1255,8 @@ mod abort_tests {
         v.vol
             .panic_next_commit
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let (tx, rx) = std::sync::mpsc::channel();
         let f2 = f.clone();
-        let syncer = std::thread::spawn(move || tx.send(f2.fsync()).unwrap());
-        let r = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("fsync still waiting a minute after the commit thread panicked");
-        syncer.join().unwrap();
+        let r = within_a_minute("fsync after the commit thread panicked", move || f2.fsync());
         assert_eq!(r, Err(crate::fs::FsError::Io));
         let why = v.vol.st.lock().aborted.clone();
         assert!(

@@ -469,21 +469,20 @@ impl Meta {
         self.inodes.open_changed()
     }
 
-    /// Blocks the next checkpoint may need for tree nodes, all at once (the nodes it
-    /// replaces are freed only once its root is durable): a leaf for each inode changed
-    /// since the last one, as scattered updates (chmod, touch) of inodes far apart
-    /// cost, a parent per 64 of those, and the root's path. The journal does not bound
-    /// this: a 66-byte restatement can dirty a whole leaf. Creates cost less (new
-    /// inodes and their entries share leaves); an inode whose entries or extents span
-    /// many leaves, changed all over, could cost more.
-    /// Checkpoints that took their changes but not yet their nodes' blocks need theirs
-    /// too, on top.
+    /// Blocks checkpoints may need for tree nodes, all at once (the nodes they replace
+    /// are freed only once their root is durable): the next one's (`open_need_blocks`),
+    /// and those of checkpoints that took their changes but not yet their nodes' blocks.
     pub fn checkpoint_need_blocks(&self) -> u64 {
         let capturing: u64 = self.capturing.iter().map(|c| c.blocks).sum();
         self.open_need_blocks() + capturing
     }
 
-    /// The node blocks a checkpoint of the changes not yet taken may need.
+    /// The node blocks a checkpoint of the changes not yet taken may need: a leaf for
+    /// each inode changed since the last one, as scattered updates (chmod, touch) of
+    /// inodes far apart cost, a parent per 64 of those, and the root's path. The
+    /// journal does not bound this: a 66-byte restatement can dirty a whole leaf.
+    /// Creates cost less (new inodes and their entries share leaves); an inode whose
+    /// entries or extents span many leaves, changed all over, could cost more.
     fn open_need_blocks(&self) -> u64 {
         const ROOT_PATH_NODES: u64 = 32;
         if self.changes.is_none() {

@@ -8,6 +8,7 @@ use crate::buf::IoBuf;
 use crate::writeback::{Bdi, WbInode, Wbc};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -1185,10 +1186,10 @@ impl Mapping {
         let mut first_err = Ok(());
         let mut i = 0;
         while i < keys.len() {
-            // Runs of pages copied, each into one buffer (first index, pages, copy), and
-            // the run claimed but not copied yet (first index, pages).
+            // Runs of pages copied, each into one buffer, and the page indexes of the
+            // run claimed but not copied yet.
             let mut runs: Vec<ClaimedRun> = Vec::new();
-            let mut open_run: Option<(u64, u64)> = None;
+            let mut open_run: Option<Range<u64>> = None;
             let mut claimed = 0u64;
             let gen;
             {
@@ -1233,10 +1234,10 @@ impl Mapping {
                     inner.nr_dirty = nd;
                     inner.nr_wb = nw;
                     match &mut open_run {
-                        Some((s, n)) if *s + *n == k => *n += 1,
+                        Some(r) if r.end == k => r.end += 1,
                         _ => {
                             Self::copy_run(&inner, open_run.take(), &mut runs);
-                            open_run = Some((k, 1));
+                            open_run = Some(k..k + 1);
                         }
                     }
                     claimed += 1;
@@ -1268,13 +1269,14 @@ impl Mapping {
         first_err
     }
 
-    /// Copy a run of pages just claimed, `(first index, pages)`, into one buffer, in
+    /// Copy a run of pages just claimed, those at indexes `run`, into one buffer, in
     /// the hold of the mapping's lock that claimed them: the bio's data is the pages as
     /// they were at their claim, copied once (a copy per page, then their
     /// concatenation into the bio's buffer, copied a multi-page run twice).
-    fn copy_run(inner: &Inner, run: Option<(u64, u64)>, runs: &mut Vec<ClaimedRun>) {
-        let Some((first, pages)) = run else { return };
-        let copy = IoBuf::concat((first..first + pages).map(|k| {
+    fn copy_run(inner: &Inner, run: Option<Range<u64>>, runs: &mut Vec<ClaimedRun>) {
+        let Some(run) = run else { return };
+        let (first, pages) = (run.start, run.end - run.start);
+        let copy = IoBuf::concat(run.map(|k| {
             let p = &inner.pages[&k];
             debug_assert!(p.writeback, "page {k} copied for a write, not claimed");
             debug_assert_eq!(p.buf.len(), PAGE_SIZE, "page {k} is not a whole page");
