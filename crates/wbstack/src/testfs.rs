@@ -8,11 +8,14 @@ use crate::mm::{AddressSpaceOps, CacheConfig, Mapping, PageCache};
 use crate::writeback::{Bdi, WbConfig};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub struct TestFs {
     pub region_pages: u64,
     pub capacity_pages: u64,
+    /// So many of the next `map_write` calls panic, as a filesystem's bug would.
+    pub panicking_map_writes: AtomicU64,
 }
 
 impl TestFs {
@@ -36,6 +39,13 @@ impl TestFs {
 
 impl AddressSpaceOps for TestFs {
     fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError> {
+        let left = &self.panicking_map_writes;
+        if left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            panic!("a bug in map_write of inode {ino} (test)");
+        }
         Ok(vec![(self.check(ino, index, n)?, n)])
     }
     fn map_read(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(Option<u64>, u64)>, BlkError> {
@@ -93,6 +103,7 @@ impl TestVolume {
             fs: Arc::new(TestFs {
                 region_pages,
                 capacity_pages,
+                panicking_map_writes: AtomicU64::new(0),
             }),
             files: Mutex::new(HashMap::new()),
         }

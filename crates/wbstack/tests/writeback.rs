@@ -1092,3 +1092,100 @@ fn a_run_mapped_to_several_extents_writes_each_page_where_its_extent_says() {
         assert!(out[r.clone()] == data[r], "page {i} read back wrong");
     }
 }
+
+/// `call`'s result, run on a thread of its own and waited for at most a minute: a
+/// call that hangs fails the test with `what` instead of hanging it.
+fn within_a_minute<T: Send + 'static>(what: &str, call: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || tx.send(call()).unwrap());
+    let r = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{what} still waiting a minute later"));
+    t.join().unwrap();
+    r
+}
+
+/// A bug that panics the filesystem's writepages (its map_write) in the flusher is
+/// contained there: the sync that met it fails with EIO instead of hanging, no page of
+/// the file stays under writeback (two runs were claimed, neither submitted), the
+/// file's error is reported once, the panic hook hears of it once, and the flusher goes
+/// on: the other file is written in the same sync, and the next fsync of the file that
+/// failed (its I_SYNC let go) writes its new data.
+#[test]
+fn a_panic_in_writepages_fails_the_sync_and_the_flusher_goes_on() {
+    let v = Arc::new(
+        wbstack::testfs::TestVolume::open(
+            "null,size=64M,memory_backed=1",
+            QueueConfig::default(),
+            CacheConfig {
+                ra_max_pages: 0,
+                ..Default::default()
+            },
+            quiet_wb(true),
+            64,
+        )
+        .unwrap(),
+    );
+    let heard = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let h = heard.clone();
+    v.bdi
+        .set_panic_hook(Arc::new(move |what: &str| h.lock().push(what.to_string())));
+    // Two runs of file 1 (pages 0-1 and 4-5), one of file 2.
+    for (ino, i) in [(1, 0), (1, 1), (1, 4), (1, 5), (2, 0)] {
+        v.file(ino)
+            .write_at(i * PAGE_SIZE as u64, &page(ino, i))
+            .unwrap();
+    }
+    v.fs.panicking_map_writes.store(1, Ordering::SeqCst);
+    let v2 = v.clone();
+    let r = within_a_minute("a sync after writepages panicked", move || v2.bdi.sync());
+    assert_eq!(r, Err(wbstack::block::BlkError::Io));
+    assert_eq!(v.bdi.panics(), 1);
+    let heard_now = heard.lock().clone();
+    assert_eq!(heard_now.len(), 1, "{heard_now:?}");
+    assert!(
+        heard_now[0].starts_with("writepages panicked: a bug in map_write of inode "),
+        "{heard_now:?}"
+    );
+    // Which file met the panic depends on the pass's order; its pages ended with EIO.
+    let failed: Vec<u64> = [1u64, 2]
+        .into_iter()
+        .filter(|&ino| v.file(ino).wb_err().check(0) != 0)
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    for ino in [1, 2] {
+        let f = v.file(ino);
+        assert_eq!((f.nr_dirty(), f.nr_writeback()), (0, 0), "inode {ino}");
+    }
+    assert_eq!(v.bdi.nr_writeback(), 0);
+    // The flusher goes on: the failed file's rewrite is written by its fsync.
+    let ino = failed[0];
+    let f = v.file(ino);
+    for i in [0, 1, 4, 5] {
+        f.write_at(i * PAGE_SIZE as u64, &page(ino + 10, i))
+            .unwrap();
+    }
+    let v2 = v.clone();
+    let r = within_a_minute("an fsync after the panic", move || {
+        v2.bdi.fsync_range(ino, 0, u64::MAX).wait()
+    });
+    // The fsync reports the earlier write error once (errseq), or nothing if the sync
+    // already did; either way the pages are now written.
+    assert!(r.is_ok() || r == Err(wbstack::block::BlkError::Io), "{r:?}");
+    assert_eq!((f.nr_dirty(), f.nr_writeback()), (0, 0));
+    assert_eq!(v.bdi.panics(), 1);
+    let f = v.evict(ino, 6 * PAGE_SIZE as u64).unwrap();
+    for i in [0, 1, 4, 5] {
+        let mut got = vec![0u8; PAGE_SIZE];
+        f.read_at(i * PAGE_SIZE as u64, &mut got).unwrap();
+        assert!(got == page(ino + 10, i), "page {i} of inode {ino}");
+    }
+    let other = 3 - ino;
+    let f = v.evict(other, PAGE_SIZE as u64).unwrap();
+    let mut got = vec![0u8; PAGE_SIZE];
+    f.read_at(0, &mut got).unwrap();
+    assert!(
+        got == page(other, 0),
+        "the other file's page was not written"
+    );
+}

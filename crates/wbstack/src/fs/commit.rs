@@ -993,12 +993,20 @@ impl Vol {
     /// error, read-only with the panic's message, so every fsync, sync and unmount
     /// waiting on that thread hears EIO instead of waiting forever for it.
     pub(super) fn thread_panicked(&self, which: &str, payload: &(dyn std::any::Any + Send)) {
-        let msg = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".into());
+        let msg = crate::panic_message(payload);
         self.abort(format!("the {which} thread panicked: {msg}"));
+    }
+
+    /// A panic the flusher contained (in this filesystem's writepages or flush batch,
+    /// say) fails the volume as a panic of its own threads does: the code that
+    /// panicked may have left the volume's state half changed.
+    pub(super) fn hear_flusher_panics(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        self.bdi.set_panic_hook(Arc::new(move |what: &str| {
+            if let Some(vol) = weak.upgrade() {
+                vol.abort(format!("the flusher thread: {what}"));
+            }
+        }));
     }
 
     pub(super) fn abort(&self, why: String) {
@@ -1268,6 +1276,50 @@ mod abort_tests {
             v.create("/g").is_err(),
             "a change accepted after the failure"
         );
+        drop(f);
+        assert!(std::sync::Arc::try_unwrap(v).is_ok_and(|v| v.unmount().is_err()));
+    }
+
+    /// A bug that panics writeback's map_write in the flusher thread (an asynchronous
+    /// flush's batch) fails the volume as a panic of its own threads does: the flush
+    /// hears EIO instead of waiting forever, the reason names the flusher and the
+    /// panic, a change is refused, and unmount returns. The flusher itself goes on.
+    #[test]
+    fn a_panic_in_the_flushers_writeback_fails_the_volume_instead_of_hanging_it() {
+        let v = std::sync::Arc::new(test_volume(|_| {}));
+        let f = v.create("/f").unwrap();
+        f.write_at(0, b"data").unwrap();
+        v.vol
+            .panic_next_map_write
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let flush = f.flush_async().unwrap();
+        let r = within_a_minute("an async flush after writeback panicked", move || {
+            flush.wait()
+        });
+        assert_eq!(r, Err(crate::fs::FsError::Io));
+        // The flush failed in the unwind, before the flusher caught the panic and
+        // failed the volume.
+        let v2 = v.clone();
+        let why = within_a_minute("the volume failed", move || loop {
+            if let Some(why) = v2.vol.st.lock().aborted.clone() {
+                return Some(why);
+            }
+            std::thread::yield_now();
+        });
+        assert_eq!(v.vol.bdi.panics(), 1);
+        // The flush's batch job met the panic, or a periodic pass that wrote the
+        // file first.
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.starts_with("the flusher thread: ")
+                    && w.ends_with("panicked: a bug in map_write (test)")),
+            "{why:?}"
+        );
+        assert!(
+            v.create("/g").is_err(),
+            "a change accepted after the failure"
+        );
+        assert_eq!(v.vol.bdi.nr_writeback(), 0);
         drop(f);
         assert!(std::sync::Arc::try_unwrap(v).is_ok_and(|v| v.unmount().is_err()));
     }

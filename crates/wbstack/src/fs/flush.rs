@@ -127,6 +127,21 @@ pub(super) struct AsyncWaiter {
     pub state: Arc<FlushState>,
 }
 
+/// The asynchronous flushes of a batch being written: if the batch panics (the
+/// flusher contains it, and the volume fails), each not settled yet fails with EIO on
+/// the unwind instead of leaving its waiter waiting forever.
+struct Unsettled(Vec<Arc<FlushState>>);
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for state in &self.0 {
+                state.complete(Err(FsError::Io));
+            }
+        }
+    }
+}
+
 impl Vol {
     /// Add a request to the next batch, queueing the batch job if none is pending. A
     /// batch job taken by the flusher leaves later requests to the next one, so
@@ -160,6 +175,7 @@ impl Vol {
         if batch.is_empty() {
             return;
         }
+        let _unsettled = Unsettled(batch.iter().filter_map(|r| r.state.clone()).collect());
         let mut seen = HashSet::new();
         let maps: Vec<(u64, Arc<Mapping>)> = batch
             .iter()

@@ -848,9 +848,12 @@ impl Volume {
             truncate_cv: Condvar::new(),
             #[cfg(test)]
             panic_next_commit: AtomicBool::new(false),
+            #[cfg(test)]
+            panic_next_map_write: AtomicBool::new(false),
         });
         let bound = aops.vol.set(Arc::downgrade(&vol));
         debug_assert!(bound.is_ok(), "a volume's page-cache ops bound twice");
+        vol.hear_flusher_panics();
         let weak = Arc::downgrade(&vol);
         let h = std::thread::Builder::new()
             .name("fs-commit".into())

@@ -1111,6 +1111,9 @@ pub(super) struct Vol {
     /// Tests: the commit thread's next step panics, as a bug in it would.
     #[cfg(test)]
     pub panic_next_commit: AtomicBool,
+    /// Tests: the next `map_write` of writeback panics, as a bug in it would.
+    #[cfg(test)]
+    pub panic_next_map_write: AtomicBool,
 }
 
 /// A truncation of `ino` in progress, from its start to its end on every path.

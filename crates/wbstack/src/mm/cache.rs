@@ -248,6 +248,47 @@ struct ClaimedRun {
     copy: IoBuf,
 }
 
+/// Pages claimed for writeback and not yet handed to a bio (nor ended), in file order:
+/// if the code between the claim and the bio panics (the filesystem's `map_write`, the
+/// block layer), the unwind ends their writeback with EIO. Left under writeback, they
+/// would keep every waiter for them (fsync, truncate, sync, unmount) waiting forever.
+struct Unsubmitted<'a> {
+    mapping: &'a Mapping,
+    gen: WbGen,
+    pages: VecDeque<Range<u64>>,
+}
+
+impl Unsubmitted<'_> {
+    /// The next `n` pages, from `index`, are handed over (to a bio, or ended).
+    fn handed_over(&mut self, index: u64, n: u64) {
+        let front = self.pages.front_mut().expect("pages handed over twice");
+        debug_assert_eq!(front.start, index, "pages handed over out of order");
+        front.start += n;
+        debug_assert!(
+            front.start <= front.end,
+            "more pages handed over than claimed"
+        );
+        if front.is_empty() {
+            self.pages.pop_front();
+        }
+    }
+}
+
+impl Drop for Unsubmitted<'_> {
+    fn drop(&mut self) {
+        debug_assert!(
+            self.pages.is_empty() || std::thread::panicking(),
+            "claimed pages neither submitted nor ended: {:?}",
+            self.pages
+        );
+        for r in std::mem::take(&mut self.pages) {
+            let n = r.end - r.start;
+            self.mapping
+                .end_writeback_as(r.start, n, self.gen, None, Err(BlkError::Io));
+        }
+    }
+}
+
 /// Which claim put a page under writeback: a per-mapping generation stamped on the
 /// pages one claim takes (a batch of `writepages`, or `claim_dirty`) and carried by
 /// the write's completion, which ends writeback only on pages still bearing it. A page
@@ -1259,7 +1300,12 @@ impl Mapping {
             // sync's wait).
             self.bdi
                 .inode_writeback_start(&(self.arc() as Arc<dyn WbInode>));
-            if let Err(e) = self.submit_runs(&q, runs, gen, wbc.bio_flags()) {
+            let mut unsubmitted = Unsubmitted {
+                mapping: self,
+                gen,
+                pages: runs.iter().map(|r| r.first..r.first + r.pages).collect(),
+            };
+            if let Err(e) = self.submit_runs(&q, runs, &mut unsubmitted, wbc.bio_flags()) {
                 first_err = first_err.and(Err(e));
             }
         }
@@ -1285,14 +1331,16 @@ impl Mapping {
         runs.push(ClaimedRun { first, pages, copy });
     }
 
-    /// Map and submit runs of claimed pages (under writeback) as bios.
+    /// Map and submit runs of claimed pages (under writeback) as bios, each handed
+    /// over from `unsubmitted` as it goes.
     fn submit_runs(
         &self,
         q: &Arc<crate::block::RequestQueue>,
         runs: Vec<ClaimedRun>,
-        gen: WbGen,
+        unsubmitted: &mut Unsubmitted<'_>,
         flags: BioFlags,
     ) -> BlkResult {
+        let gen = unsubmitted.gen;
         let mut first_err = Ok(());
         for ClaimedRun {
             first: start,
@@ -1303,6 +1351,7 @@ impl Mapping {
             let map = match self.ops.map_write(self.ino, start, n) {
                 Ok(m) => m,
                 Err(e) => {
+                    unsubmitted.handed_over(start, n);
                     self.end_writeback(start, n, gen, u64::MAX, Err(e.clone()));
                     first_err = first_err.and(Err(e));
                     continue;
@@ -1310,10 +1359,12 @@ impl Mapping {
             };
             let mapped: u64 = map.iter().map(|r| r.1).sum();
             debug_assert!(mapped <= n, "the map covers more than the run");
+            // Pieces are handed over in file order: the unmapped rest after them.
+            let mut unmapped_rest = None;
             if mapped < n {
                 // The filesystem has no blocks for the rest (the inode went away while
                 // its pages were being claimed): nothing to write, nothing failed.
-                self.end_writeback(start + mapped, n - mapped, gen, u64::MAX, Ok(()));
+                unmapped_rest = Some(start + mapped..start + n);
             }
             // The run's copy is the bio's buffer as it is when one extent holds it all
             // (nearly always); each piece of a run split across extents copies its part.
@@ -1337,11 +1388,17 @@ impl Mapping {
                         gen,
                         sector,
                     }));
+                // Handed over first: the bio may complete, and end them, inline.
+                unsubmitted.handed_over(idx, cnt);
                 if let Err(e) = q.submit_bio(bio) {
                     self.end_writeback(idx, cnt, gen, sector, Err(e.clone()));
                     first_err = first_err.and(Err(e));
                 }
                 idx += cnt;
+            }
+            if let Some(rest) = unmapped_rest {
+                unsubmitted.handed_over(rest.start, rest.end - rest.start);
+                self.end_writeback(rest.start, rest.end - rest.start, gen, u64::MAX, Ok(()));
             }
         }
         first_err

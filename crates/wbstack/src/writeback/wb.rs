@@ -6,7 +6,7 @@
 //! `mm/throttle.rs`; this file only moves data and calls them.
 
 use super::policy::{self, Outcome, WbLists, WbPolicyConfig, Work, WorkKind};
-use crate::block::{BlkResult, Plug, RequestQueue};
+use crate::block::{BlkError, BlkResult, Plug, RequestQueue};
 use crate::clock::{ClockRef, Waiter, NSEC_PER_MSEC, NSEC_PER_SEC};
 use crate::mm::cache::PageCache;
 use crate::mm::throttle::{self, DirtyConfig, TaskState, WbState};
@@ -109,6 +109,11 @@ pub trait WbInode: Send + Sync {
 
 /// A job for the flusher thread (see [`Bdi::queue_job`]).
 pub type Job = Box<dyn FnOnce() + Send>;
+
+/// Told of a panic the flusher contained (see [`Bdi::contain`]), with what panicked
+/// and its message: the filesystem above fails itself, as its state may be half
+/// changed by the code that panicked.
+pub type PanicHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// A queued work and its completion.
 pub struct WorkItem {
@@ -213,6 +218,9 @@ pub struct Bdi {
     stats: Mutex<WbStats>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     thread_id: Mutex<Option<std::thread::ThreadId>>,
+    panic_hook: Mutex<Option<PanicHook>>,
+    /// Panics contained (`contain`).
+    panics: AtomicU64,
 }
 
 impl Bdi {
@@ -245,6 +253,8 @@ impl Bdi {
             stats: Mutex::new(WbStats::default()),
             thread: Mutex::new(None),
             thread_id: Mutex::new(None),
+            panic_hook: Mutex::new(None),
+            panics: AtomicU64::new(0),
         });
         // wbt gives every write full depth while a dirtier slept in the last second
         // (wb_recent_wait): tell it when ours did. Weak: the Bdi holds the queue.
@@ -286,6 +296,34 @@ impl Bdi {
     pub fn nr_writeback(&self) -> u64 {
         self.nr_writeback.load(Ordering::Relaxed)
     }
+    /// Who hears of a panic the flusher contained (the filesystem above).
+    pub fn set_panic_hook(&self, hook: PanicHook) {
+        *self.panic_hook.lock() = Some(hook);
+    }
+
+    /// Panics the flusher contained so far.
+    pub fn panics(&self) -> u64 {
+        self.panics.load(Ordering::Relaxed)
+    }
+
+    /// Run `f` (the filesystem's writepages, a job, a pass of the flusher's own) with
+    /// a panic in it contained: counted, told to the panic hook, and returned as EIO.
+    /// A panic let through ended the flusher thread, and every work queued then or
+    /// later, and every page left under writeback, was waited for forever. The
+    /// caller's bookkeeping after `f` (an inode requeued, a work completed) still runs.
+    pub fn contain<R>(&self, what: &str, f: impl FnOnce() -> R) -> Result<R, BlkError> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+            self.panics.fetch_add(1, Ordering::Relaxed);
+            let msg = format!("{what} panicked: {}", crate::panic_message(p.as_ref()));
+            // Cloned out: the hook may take any lock, this one included.
+            let hook = self.panic_hook.lock().clone();
+            if let Some(hook) = hook {
+                hook(&msg);
+            }
+            BlkError::Io
+        })
+    }
+
     pub fn write_errors(&self) -> u64 {
         self.write_errors.load(Ordering::Relaxed)
     }
@@ -542,7 +580,9 @@ impl Bdi {
         }
         let (lo, hi) = range.unwrap_or((0, u64::MAX));
         let mut wbc = Wbc::sync_range(lo, hi);
-        let r = inode.writepages(&mut wbc);
+        let r = self
+            .contain("writepages", || inode.writepages(&mut wbc))
+            .and_then(|r| r);
         inode.wait_writeback_all();
         {
             // Checked under the lists lock (see mark_inode_dirty).
@@ -661,12 +701,14 @@ impl Bdi {
                 for_kupdate: work.kind == WorkKind::Kupdate,
                 ..Default::default()
             };
-            let r = inode.writepages(&mut wbc);
+            let r = self
+                .contain("writepages", || inode.writepages(&mut wbc))
+                .and_then(|r| r);
             if r.is_err() && result.is_ok() {
                 result = r;
             }
             if integrity {
-                let _ = inode.write_inode(true);
+                let _ = self.contain("write_inode", || inode.write_inode(true));
                 item.visited.lock().push(inode.clone());
             }
             let still_dirty = inode.has_dirty_pages();
@@ -747,20 +789,28 @@ impl Bdi {
                 let job = self.jobs.lock().pop_front();
                 match job {
                     Some(job) => {
-                        job();
+                        // A job's waiters are the filesystem's to fail (the hook).
+                        let _ = self.contain("a flusher job", job);
                         continue;
                     }
                     None => return,
                 }
             };
             let kind = item.work.lock().kind;
-            let mut r = match kind {
-                WorkKind::Fsync(ino) => self.fsync_work(ino, item.range),
-                _ => self.wb_writeback(&item),
-            };
-            for inode in item.visited.lock().drain(..) {
-                inode.wait_writeback_all();
-            }
+            let mut r = self
+                .contain("a writeback work", || {
+                    let r = match kind {
+                        WorkKind::Fsync(ino) => self.fsync_work(ino, item.range),
+                        _ => self.wb_writeback(&item),
+                    };
+                    // Popped into a local (see above).
+                    let visited = std::mem::take(&mut *item.visited.lock());
+                    for inode in visited {
+                        inode.wait_writeback_all();
+                    }
+                    r
+                })
+                .and_then(|r| r);
             if self.write_errors() > 0 && r.is_ok() && item.work.lock().kind == WorkKind::Sync {
                 // Errors are reported per file by errseq (later); the work itself only
                 // reports what its own submissions returned.
@@ -856,7 +906,14 @@ fn flusher(weak: Weak<Bdi>, waiter: Arc<Waiter>) {
                 bdi.close_jobs();
                 return;
             }
-            (bdi.do_writeback(), bdi.clock.clone())
+            // Contained, a panic of the flusher's own code fails the work it was in
+            // (`run_works`), or a periodic pass, and the thread goes on.
+            // A pass that panicked is tried again a second later, or when kicked,
+            // not in a loop.
+            let next = bdi
+                .contain("the flusher", || bdi.do_writeback())
+                .unwrap_or_else(|_| Some(bdi.clock.now_ns() + NSEC_PER_SEC));
+            (next, bdi.clock.clone())
         };
         match next {
             Some(0) => continue,

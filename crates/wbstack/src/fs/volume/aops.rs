@@ -88,6 +88,13 @@ impl AddressSpaceOps for Aops {
 
     fn map_write(&self, ino: u64, index: u64, n: u64) -> Result<Vec<(u64, u64)>, BlkError> {
         let vol = self.vol()?;
+        #[cfg(test)]
+        if vol
+            .panic_next_map_write
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("a bug in map_write (test)");
+        }
         let r = self.try_map_write(&vol, ino, index, n);
         if let Err(e) = &r {
             // The pages' writeback fails with it (their file's errseq); syncfs hears
