@@ -493,7 +493,7 @@ mod full_volume_tests {
     fn metadata_changes_on_a_volume_writes_filled_still_checkpoint_and_mount() {
         let q = RequestQueue::open("sim:ssd,size=64M", crate::block::QueueConfig::default())
             .expect("a simulated device");
-        Volume::mkfs(&q, &crate::fs::journal::MkfsOptions::default()).expect("mkfs");
+        Volume::mkfs(&q, &crate::fs::mkfs::MkfsOptions::default()).expect("mkfs");
         let mut o = MountOptions::default();
         o.wb.dirty_writeback_centisecs = 0;
         o.commit_interval_ms = 3_600_000;

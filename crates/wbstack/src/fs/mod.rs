@@ -18,7 +18,9 @@
 //! - `namei`: path resolution, through the dentry cache or under `st`.
 //! - `ops`: the same operations by inode number with the caller's credentials, as
 //!   the VFS (and the FUSE front end) calls them; `perm`: who may do what.
-//! - `journal`: mkfs, mount and recovery, the committer (group commit, checkpoints).
+//! - `mkfs`: a new filesystem on a device. `journal`: load and replay (mount's and
+//!   fsck's). `mount`: mount, unmount, crash. `commit`: the committer (group commit,
+//!   checkpoints). `sync`: what syncfs and fsync write and wait for.
 //! - `jspace`: the journal as a ring: placement, the live part, when checkpoints are due.
 //! - `fsck`: the offline checker.
 //! - `fuzz` (hidden): the harness of the fuzz targets and of the regression corpus test.
@@ -45,9 +47,12 @@ pub mod jspace;
 mod lazylru;
 pub mod meta;
 pub mod metatree;
+pub mod mkfs;
+mod mount;
 mod namei;
 pub mod ops;
 pub mod perm;
+mod sync;
 pub mod tunables;
 pub mod volume;
 
@@ -55,7 +60,7 @@ pub use dir::DirPageEntry;
 pub use error::{FsError, FsResult};
 pub use flush::FlushHandle;
 pub use format::InodeKind;
-pub use journal::MkfsOptions;
+pub use mkfs::MkfsOptions;
 pub use ops::{RenameFlags, SetAttrIno, TimeSet, XattrMode};
 pub use perm::Cred;
 pub use volume::{

@@ -237,7 +237,7 @@ impl Vol {
 mod tests {
     use super::*;
     use crate::block::{QueueConfig, RequestQueue};
-    use crate::fs::journal::MkfsOptions;
+    use crate::fs::mkfs::MkfsOptions;
     use crate::fs::volume::{MountOptions, Volume};
 
     fn volume() -> Volume {

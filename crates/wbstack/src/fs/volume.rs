@@ -2431,7 +2431,7 @@ impl Volume {
 pub(super) fn test_volume(tune: impl FnOnce(&mut MountOptions)) -> Volume {
     let q = RequestQueue::open("sim:ssd,size=64M", crate::block::QueueConfig::default())
         .expect("a simulated device");
-    Volume::mkfs(&q, &super::journal::MkfsOptions::default()).expect("mkfs");
+    Volume::mkfs(&q, &super::mkfs::MkfsOptions::default()).expect("mkfs");
     let mut o = MountOptions::default();
     o.wb.dirty_writeback_centisecs = 0;
     o.commit_interval_ms = 3_600_000;
