@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use wbstack::block::IoStatsMode;
 use wbstack_cli::admin;
-use wbstack_cli::benchfs::{self, BenchFs};
-use wbstack_cli::blkbench::{self, BlkJob, Rw};
+use wbstack_cli::bench::benchfs::{self, BenchFs};
+use wbstack_cli::bench::blkbench::{self, BlkJob, Rw};
 
 /// mimalloc, not glibc's malloc: a million-file run allocates and frees small objects
 /// (inodes, entries, tree leaves) from several threads, and glibc's heap shrank and
@@ -16,11 +16,11 @@ use wbstack_cli::blkbench::{self, BlkJob, Rw};
 /// files).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use wbstack_cli::fsmark::{self, FsmarkOpts, SyncMethod};
+use wbstack_cli::bench::fsmark::{self, FsmarkOpts, SyncMethod};
 use wbstack_cli::lab::{self, LabOpts};
 
-use wbstack_cli::readlat::{self, ReadlatOpts};
-use wbstack_cli::tardd::{self, TarSource, TarddOpts};
+use wbstack_cli::bench::readlat::{self, ReadlatOpts};
+use wbstack_cli::bench::tardd::{self, TarSource, TarddOpts};
 use wbstack_cli::util::{duration_arg, size_arg};
 
 #[derive(Parser)]
@@ -566,7 +566,7 @@ fn run_blk(a: BlkArgs) -> Result<(), String> {
         None
     };
     let run_fio = |layout: blkbench::Layout, path: &str| {
-        wbstack_cli::fio::run(&wbstack_cli::fio::FioJob {
+        wbstack_cli::bench::fio::run(&wbstack_cli::bench::fio::FioJob {
             path,
             rw: a.rw.name(),
             bs: a.bs as usize,
@@ -975,12 +975,12 @@ fn run(cmd: Cmd) -> ExitCode {
         Cmd::Lab(a) => run_lab(a),
         Cmd::Bench(BenchCmd::Blk(a)) => run_blk(a),
         Cmd::Bench(BenchCmd::Smallfiles(a)) => {
-            wbstack_cli::wbbench::smallfiles(&a.device, a.files, a.file_size).map(|arms| {
+            wbstack_cli::bench::wbbench::smallfiles(&a.device, a.files, a.file_size).map(|arms| {
                 if a.json {
                     let v = serde_json::json!({"experiment": "smallfiles", "arms": arms});
                     println!("{v}");
                 } else {
-                    wbstack_cli::wbbench::print_smallfiles(&arms);
+                    wbstack_cli::bench::wbbench::print_smallfiles(&arms);
                 }
             })
         }
@@ -988,11 +988,11 @@ fn run(cmd: Cmd) -> ExitCode {
         Cmd::Bench(BenchCmd::Tardd(a)) => run_tardd(a),
         Cmd::Bench(BenchCmd::Readlat(a)) => run_readlat(a),
         Cmd::Bench(BenchCmd::Dirty(a)) => {
-            wbstack_cli::wbbench::dirty(&a.device, a.size, a.bs, a.cache).and_then(|r| {
+            wbstack_cli::bench::wbbench::dirty(&a.device, a.size, a.bs, a.cache).and_then(|r| {
                 if a.json {
                     println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
                 } else {
-                    wbstack_cli::wbbench::print_dirty(&r);
+                    wbstack_cli::bench::wbbench::print_dirty(&r);
                 }
                 Ok(())
             })

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use wbstack::block::DiskStats;
-use wbstack_cli::benchfs::{self, BenchFs, DirFs};
+use wbstack_cli::bench::benchfs::{self, BenchFs, DirFs};
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()

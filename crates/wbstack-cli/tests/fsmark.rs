@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use wbstack_cli::benchfs::{BenchFs, DirFs};
-use wbstack_cli::fsmark::{self, FsmarkOpts, SyncMethod};
+use wbstack_cli::bench::benchfs::{BenchFs, DirFs};
+use wbstack_cli::bench::fsmark::{self, FsmarkOpts, SyncMethod};
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
@@ -291,7 +291,7 @@ fn table_lines_have_fs_marks_columns() {
 /// pages died with them and the sync had nothing to write.
 #[test]
 fn the_final_sync_writes_the_last_loops_files_before_they_are_deleted() {
-    let vol = wbstack_cli::volfs::open_vol("sim:ssd,size=256M", "").unwrap();
+    let vol = wbstack_cli::bench::volfs::open_vol("sim:ssd,size=256M", "").unwrap();
     let fs: Arc<dyn BenchFs> = vol.clone();
     let o = FsmarkOpts {
         dirs: vec!["s".into()],
@@ -316,7 +316,7 @@ fn the_final_sync_writes_the_last_loops_files_before_they_are_deleted() {
 /// are left out, as fs_mark leaves them out of its times.
 #[test]
 fn the_totals_count_the_loops_and_the_final_sync_only() {
-    let vol = wbstack_cli::volfs::open_vol("sim:ssd,size=256M", "").unwrap();
+    let vol = wbstack_cli::bench::volfs::open_vol("sim:ssd,size=256M", "").unwrap();
     let fs: Arc<dyn BenchFs> = vol.clone();
     let o = FsmarkOpts {
         dirs: vec!["w".into()],

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wbstack::block::DiskStats;
-use wbstack_cli::benchfs::{BenchFile, BenchFs, DirFs, FlushWait};
-use wbstack_cli::readlat::{self, ReadlatOpts, PERCENTILES};
+use wbstack_cli::bench::benchfs::{BenchFile, BenchFs, DirFs, FlushWait};
+use wbstack_cli::bench::readlat::{self, ReadlatOpts, PERCENTILES};
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
@@ -301,7 +301,7 @@ fn an_existing_file_is_read_and_kept_and_bad_input_is_an_error() {
 #[test]
 fn a_delayed_dd_starts_while_the_reads_run() {
     // On wbstack, so the device's write count tells when the dd's data went out.
-    let fs = wbstack_cli::volfs::open("sim:ssd,size=1G,data=meta", "").unwrap();
+    let fs = wbstack_cli::bench::volfs::open("sim:ssd,size=1G,data=meta", "").unwrap();
     let o = ReadlatOpts {
         size: 16 << 20,
         background_dd: 4 << 20,

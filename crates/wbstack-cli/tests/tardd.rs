@@ -3,8 +3,8 @@
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
-use wbstack_cli::benchfs::{BenchFs, DirFs};
-use wbstack_cli::tardd::{self, TarSource, TarddOpts};
+use wbstack_cli::bench::benchfs::{BenchFs, DirFs};
+use wbstack_cli::bench::tardd::{self, TarSource, TarddOpts};
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()

@@ -3,11 +3,11 @@
 //! threshold, the setpoint and the limit, and the writers' pause lengths. Not a seed's
 //! A/B: it shows the controller the other experiments run under.
 
-use crate::benchfs::BenchFs;
+use crate::bench::benchfs::BenchFs;
+use crate::bench::volfs;
 use crate::lab::plots::{Plot, PlotKind};
 use crate::lab::timeline::Timeline;
 use crate::lab::{fmt_int, outln, ArmRun, Experiment, LabOpts};
-use crate::volfs;
 use serde::Serialize;
 use std::time::Instant;
 use wbstack::writeback::wb::PAUSE_BUCKETS_MS;
@@ -67,7 +67,13 @@ pub fn dirty(o: &LabOpts) -> Result<Experiment<DirtyArm>, String> {
                 .map(|i| {
                     let (fs, meter) = (fs.clone(), run.meter.clone());
                     s.spawn(move || {
-                        crate::tardd::dd(&*fs, &format!("dd{i}"), each, 1 << 20, &meter.bytes)
+                        crate::bench::tardd::dd(
+                            &*fs,
+                            &format!("dd{i}"),
+                            each,
+                            1 << 20,
+                            &meter.bytes,
+                        )
                     })
                 })
                 .collect();

@@ -1,12 +1,12 @@
 //! Seed 001 (expire_first): tar and dd at once, with expired inodes written first or not.
 
-use crate::benchfs::BenchFs;
+use crate::bench::benchfs::BenchFs;
+use crate::bench::tardd::{self, TarSource, TarddOpts};
+use crate::bench::volfs;
 use crate::lab::plots::{Plot, PlotKind};
 use crate::lab::timeline::Timeline;
 use crate::lab::ArmRun;
 use crate::lab::{outln, pct, Experiment, LabOpts};
-use crate::tardd::{self, TarSource, TarddOpts};
-use crate::volfs;
 use serde::Serialize;
 use std::sync::Arc;
 use wbstack::writeback::policy::VisitRecord;

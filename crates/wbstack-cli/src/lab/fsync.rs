@@ -1,12 +1,12 @@
 //! Seed 004: fs_mark with fsync, group commit and async flush.
 
-use crate::benchfs::BenchFs;
-use crate::fsmark::{self, FsmarkOpts, FsmarkReport, SyncMethod};
+use crate::bench::benchfs::BenchFs;
+use crate::bench::fsmark::{self, FsmarkOpts, FsmarkReport, SyncMethod};
+use crate::bench::meter::Meter;
+use crate::bench::volfs;
 use crate::lab::plots::{Plot, PlotKind};
 use crate::lab::ArmRun;
 use crate::lab::{fmt_int, outln, Experiment, LabOpts};
-use crate::meter::Meter;
-use crate::volfs;
 use serde::Serialize;
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! Seed 002: the cost of in-flight accounting (iostats off, atomic, tags) on a null device.
 
-use crate::blkbench::{self, BlkJob, BlkReport, Rw};
+use crate::bench::blkbench::{self, BlkJob, BlkReport, Rw};
 use crate::lab::plots::{Plot, PlotKind};
 use crate::lab::{outln, Experiment, LabOpts};
 use crate::progress::Step;

@@ -13,9 +13,9 @@ pub mod run;
 pub mod timeline;
 pub mod wbt;
 
-use crate::meter::Meter;
+use crate::bench::meter::Meter;
+use crate::bench::volfs::VolumeFs;
 use crate::progress::Step;
-use crate::volfs::VolumeFs;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;

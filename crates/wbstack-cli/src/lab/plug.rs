@@ -1,11 +1,11 @@
 //! Seed 000 (writeback_plug): fs_mark of small files with the high-level plug on and off.
 
-use crate::fsmark::{self, FsmarkOpts, SyncMethod};
+use crate::bench::fsmark::{self, FsmarkOpts, SyncMethod};
+use crate::bench::meter::Meter;
+use crate::bench::volfs;
 use crate::lab::plots::{Plot, PlotKind};
 use crate::lab::ArmRun;
 use crate::lab::{fmt_int, outln, pct, Experiment, LabOpts};
-use crate::meter::Meter;
-use crate::volfs;
 use serde::Serialize;
 
 #[derive(Serialize, Clone, Debug)]

@@ -2,7 +2,7 @@
 //! IOs, dirty pages, wbt's step, the workload's files), so the report can show when
 //! writeback started, when throttling bit and what wbt did, which a table hides.
 
-use crate::meter::Meter;
+use crate::bench::meter::Meter;
 use crate::progress::Step;
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
@@ -164,7 +164,7 @@ pub fn meter_row(m: &Meter, row: &mut Vec<(&'static str, f64)>) {
 /// with `progress(meter)` units.
 pub fn start_arm(
     period: Duration,
-    vol: Option<Arc<crate::volfs::VolumeFs>>,
+    vol: Option<Arc<crate::bench::volfs::VolumeFs>>,
     meter: Arc<Meter>,
     step: Arc<Step>,
     progress: fn(&Meter) -> u64,

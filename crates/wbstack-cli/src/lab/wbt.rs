@@ -1,11 +1,11 @@
 //! Seed 003: reads under heavy background writeback, writeback throttling off and on.
 
-use crate::benchfs::BenchFs;
+use crate::bench::benchfs::BenchFs;
+use crate::bench::volfs;
 use crate::lab::plots::{nines, Plot, PlotKind};
 use crate::lab::timeline::Timeline;
 use crate::lab::ArmRun;
 use crate::lab::{outln, Experiment, LabOpts};
-use crate::volfs;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +23,7 @@ pub struct WbtArm {
     /// 0: wbt off; else its target.
     pub wbt_lat_usec: u64,
     #[serde(flatten)]
-    pub figures: crate::readlat::ReadlatFigures,
+    pub figures: crate::bench::readlat::ReadlatFigures,
     /// The dd's bytes over the time from its first write until they were on the
     /// device (a sync after the reads): the writeback wbt throttles.
     pub writeback_mib_s: f64,
@@ -51,7 +51,7 @@ const WBT_ARMS: [(&str, &str); 3] = [
 /// scenario (sim:ssd) adds the harsher case the seed did not have: a dd faster than the
 /// device, throttled all along, which wbt by design serves at full depth.
 pub fn wbt(o: &LabOpts) -> Result<Experiment<WbtArm>, String> {
-    use crate::readlat::{self, ReadlatOpts};
+    use crate::bench::readlat::{self, ReadlatOpts};
     // (device, default target, scenario, read bytes, dd bytes)
     let delay = Duration::from_millis(if o.quick { 100 } else { 300 });
     // --full reads four times as much (the seed read a 9 GB file; at a disk's 80 MB/s

@@ -5,8 +5,8 @@
 //! bound; memory (the process holding the page cache: this one for a SPEC, the mount's
 //! daemon for a wbstack DIR) must stay under cache_size plus a stated slack.
 
-use crate::benchfs::{BenchFs, DirFs};
-use crate::volfs::VolumeFs;
+use crate::bench::benchfs::{BenchFs, DirFs};
+use crate::bench::volfs::VolumeFs;
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;

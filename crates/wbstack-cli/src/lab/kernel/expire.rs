@@ -5,8 +5,8 @@ use super::fsmark::device_figures;
 use super::loopdev::{read_stats, s};
 use super::programs::{self, command_line};
 use super::{remove, step, Ctx, DirTarget, Exp, TargetArm};
+use crate::bench::tardd::{self, TarSource, TarddOpts};
 use crate::lab::LabOpts;
-use crate::tardd::{self, TarSource, TarddOpts};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -206,7 +206,7 @@ impl Exp for Expire {
             ..Default::default()
         };
         let r = {
-            let fs = crate::volfs::open(&spec, "")?;
+            let fs = crate::bench::volfs::open(&spec, "")?;
             step(c.o.sink, "lab --kernel: wbstack-file tar+dd", || {
                 tardd::run(&opts, fs)
             })

@@ -4,8 +4,8 @@
 use super::loopdev::{read_stats, s};
 use super::programs::{self, command_line};
 use super::{remove, step, Ctx, DirTarget, Exp, TargetArm};
-use crate::benchfs::{BenchFs, DirFs};
-use crate::fsmark::{self as ours, FsmarkOpts, FsmarkReport, SyncMethod};
+use crate::bench::benchfs::{BenchFs, DirFs};
+use crate::bench::fsmark::{self as ours, FsmarkOpts, FsmarkReport, SyncMethod};
 use crate::lab::LabOpts;
 use std::sync::Arc;
 use std::time::Instant;
@@ -179,7 +179,7 @@ fn file_arm(c: &Ctx, variant: &str, opts: &FsmarkOpts) -> Result<TargetArm, Stri
     );
     a.commands.push(ours_command(["--device", &spec], opts));
     let r = {
-        let fs = crate::volfs::open(&spec, "")?;
+        let fs = crate::bench::volfs::open(&spec, "")?;
         let label = format!("lab --kernel: {}", a.name);
         step(c.o.sink, &label, || ours::run(opts, fs))
     };
@@ -200,7 +200,7 @@ fn ours_on_dir(
     a.setup = format!(
         "{}; Debian's fs_mark has no -A (its usage lists none), so wbstack's fsmark ran on the directory: an asynchronous fsync per file ({}), reaped later",
         a.setup,
-        crate::benchfs::async_flush_mechanism()
+        crate::bench::benchfs::async_flush_mechanism()
     );
     a.commands
         .push(ours_command(["--dir-path", &s(&t.dir)], opts));

@@ -5,7 +5,7 @@
 use super::loopdev::s;
 use super::programs::{self, command_line};
 use super::{remove, step, Ctx, DirKind, DirTarget, Exp, TargetArm};
-use crate::blkbench::{self, BlkJob, Rw};
+use crate::bench::blkbench::{self, BlkJob, Rw};
 use crate::lab::LabOpts;
 use std::time::Duration;
 use wbstack::block::IoStatsMode;

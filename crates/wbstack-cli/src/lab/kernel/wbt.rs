@@ -6,9 +6,9 @@
 use super::loopdev::{drop_caches, s};
 use super::programs::command_line;
 use super::{remove, step, Ctx, DirKind, DirTarget, Exp, TargetArm};
-use crate::benchfs::{BenchFs, DirFs};
+use crate::bench::benchfs::{BenchFs, DirFs};
+use crate::bench::readlat::{self, ReadlatOpts, ReadlatReport};
 use crate::lab::LabOpts;
-use crate::readlat::{self, ReadlatOpts, ReadlatReport};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,7 +184,7 @@ impl Exp for Wbt {
             }
             a.commands.push(command(&target, &o));
             let r = {
-                let fs = crate::volfs::open(&spec, mount)?;
+                let fs = crate::bench::volfs::open(&spec, mount)?;
                 let label = format!("lab --kernel: {}", a.name);
                 step(c.o.sink, &label, || readlat::run(&o, fs))
             };

@@ -3,7 +3,7 @@
 //! then the filesystem is synced. Reports each one's time, the total including the sync,
 //! and the filesystem's extra statistics (wbstack: writeback fairness).
 
-use crate::benchfs::{err, BenchFs, DeviceWrites};
+use crate::bench::benchfs::{err, BenchFs, DeviceWrites};
 use crate::progress::Progress;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
@@ -34,7 +34,7 @@ pub struct TarddOpts {
     pub dir: String,
     pub progress: bool,
     /// Counters to bump as the run goes (a sampler reads them); None: a private one.
-    pub meter: Option<std::sync::Arc<crate::meter::Meter>>,
+    pub meter: Option<std::sync::Arc<crate::bench::meter::Meter>>,
 }
 
 impl Default for TarddOpts {

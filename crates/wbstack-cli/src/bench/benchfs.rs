@@ -82,7 +82,7 @@ pub trait FlushWait: Send {
 /// wbstack's own filesystem: a fresh `Volume` on the device `spec` (see `volfs`), with
 /// default mount options.
 pub fn open_device(spec: &str) -> Result<Arc<dyn BenchFs>, String> {
-    crate::volfs::open(spec, "")
+    crate::bench::volfs::open(spec, "")
 }
 
 /// The targets of one invocation: `--device SPEC` (wbstack) and/or `--dir-path PATH`
@@ -109,7 +109,7 @@ pub fn open_targets_with(
         );
     }
     if let Some(spec) = device {
-        v.push(crate::volfs::open(spec, mount_opts)?);
+        v.push(crate::bench::volfs::open(spec, mount_opts)?);
     }
     if let Some(p) = dir_path {
         v.push(Arc::new(DirFs::new(p)?) as Arc<dyn BenchFs>);

@@ -16,8 +16,8 @@
 //! reads are fast). Here completion is a flag set under the lock and the issuer waits
 //! for the flag.
 
-use crate::benchfs::{err, BenchFs, DeviceWrites};
-use crate::hog::Hogs;
+use crate::bench::benchfs::{err, BenchFs, DeviceWrites};
+use crate::bench::hog::Hogs;
 use crate::progress::Progress;
 use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
@@ -65,7 +65,7 @@ pub struct ReadlatOpts {
     pub seed: u64,
     pub progress: bool,
     /// Counters to bump as the run goes (a sampler reads them); None: a private one.
-    pub meter: Option<std::sync::Arc<crate::meter::Meter>>,
+    pub meter: Option<std::sync::Arc<crate::bench::meter::Meter>>,
 }
 
 impl Default for ReadlatOpts {
@@ -233,7 +233,7 @@ struct Shared {
     error: Mutex<Option<String>>,
     printed: AtomicUsize,
     print_max: usize,
-    meter: Arc<crate::meter::Meter>,
+    meter: Arc<crate::bench::meter::Meter>,
 }
 
 impl Shared {

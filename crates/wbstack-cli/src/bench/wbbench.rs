@@ -151,7 +151,7 @@ pub fn dirty(device: &str, size: u64, bs: u64, cache_bytes: u64) -> Result<Dirty
     if bs == 0 || bs > 1 << 30 {
         return Err("--bs must be from 1 byte to 1 GiB".into());
     }
-    let fs = crate::volfs::VolumeFs::format(
+    let fs = crate::bench::volfs::VolumeFs::format(
         device,
         wbstack::fs::MountOptions {
             cache: CacheConfig {

@@ -10,7 +10,7 @@
 //! Files/sec of a loop is the sum over threads of files / the thread's loop time; App
 //! Overhead sums each thread's loop time not spent in create/write/fsync/close.
 
-use crate::benchfs::{add_stats, err, BenchFile, BenchFs, DeviceWrites, FlushWait};
+use crate::bench::benchfs::{add_stats, err, BenchFile, BenchFs, DeviceWrites, FlushWait};
 use crate::progress::Progress;
 use crate::util::process_cpu;
 use rand::{Rng, SeedableRng};
@@ -85,7 +85,7 @@ pub struct FsmarkOpts {
     /// Progress lines on stderr.
     pub progress: bool,
     /// Counters to bump as the run goes (a sampler reads them); None: a private one.
-    pub meter: Option<std::sync::Arc<crate::meter::Meter>>,
+    pub meter: Option<std::sync::Arc<crate::bench::meter::Meter>>,
 }
 
 impl Default for FsmarkOpts {
@@ -595,7 +595,7 @@ pub fn run_with(
         threads,
         sync: o.sync,
         async_mechanism: (o.sync == SyncMethod::Async)
-            .then(|| crate::benchfs::async_flush_mechanism().to_string()),
+            .then(|| crate::bench::benchfs::async_flush_mechanism().to_string()),
         loops,
         totals,
         extra: fs.extra_stats(),

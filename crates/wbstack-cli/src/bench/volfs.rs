@@ -1,7 +1,7 @@
 //! wbstack's own filesystem as a benchmark target: a `Volume`, freshly made on the
 //! device of a spec, behind the `BenchFs` trait the file-level tools use.
 
-use crate::benchfs::{BenchFile, BenchFs, FlushWait};
+use crate::bench::benchfs::{BenchFile, BenchFs, FlushWait};
 use std::io;
 use std::sync::Arc;
 use wbstack::block::{DiskStats, QueueConfig, RequestQueue};

@@ -27,7 +27,7 @@ pub struct FioJob<'a> {
     pub runtime_s: f64,
     /// Where each job's IO goes: job i over `layout.job_size_bytes()` from
     /// `i * layout.offset_increment_bytes()`, as `bench blk`'s own jobs.
-    pub layout: crate::blkbench::Layout,
+    pub layout: crate::bench::blkbench::Layout,
 }
 
 /// fio's command line for `j`: io_uring and O_DIRECT on `path`, the job shape of
@@ -96,7 +96,7 @@ pub fn run(j: &FioJob) -> Result<FioResult, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blkbench::{Layout, Rw};
+    use crate::bench::blkbench::{Layout, Rw};
 
     fn job(rw: &'static str, layout: Layout) -> FioJob<'static> {
         FioJob {
