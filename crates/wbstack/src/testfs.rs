@@ -148,3 +148,20 @@ impl TestVolume {
         Ok(m)
     }
 }
+
+/// `call`'s result, run on a thread of its own and waited for at most a minute: a call
+/// that hangs (a waiter nobody will wake) fails the test with `what` instead of
+/// hanging it.
+pub fn within_a_minute<T: Send + 'static>(
+    what: &str,
+    call: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || tx.send(call()).unwrap());
+    let r = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{what} still waiting a minute later"));
+    // It has sent its result: all that is left is dropping its handles.
+    t.join().unwrap();
+    r
+}

@@ -10,7 +10,7 @@ use wbstack::clock::{ManualClock, NSEC_PER_SEC};
 use wbstack::dev::sim::SimDevice;
 use wbstack::mm::throttle::DirtyConfig;
 use wbstack::mm::{CacheConfig, PAGE_SIZE};
-use wbstack::testfs::{quiet_wb, TestVolume};
+use wbstack::testfs::{quiet_wb, within_a_minute, TestVolume};
 use wbstack::writeback::WbConfig;
 
 fn page(ino: u64, i: u64) -> Vec<u8> {
@@ -1091,18 +1091,6 @@ fn a_run_mapped_to_several_extents_writes_each_page_where_its_extent_says() {
         let r = i * PAGE_SIZE..(i + 1) * PAGE_SIZE;
         assert!(out[r.clone()] == data[r], "page {i} read back wrong");
     }
-}
-
-/// `call`'s result, run on a thread of its own and waited for at most a minute: a
-/// call that hangs fails the test with `what` instead of hanging it.
-fn within_a_minute<T: Send + 'static>(what: &str, call: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || tx.send(call()).unwrap());
-    let r = rx
-        .recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("{what} still waiting a minute later"));
-    t.join().unwrap();
-    r
 }
 
 /// A bug that panics the filesystem's writepages (its map_write) in the flusher is

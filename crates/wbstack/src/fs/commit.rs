@@ -1217,23 +1217,7 @@ mod tests {
 #[cfg(test)]
 mod abort_tests {
     use crate::fs::volume::test_volume;
-    use std::time::Duration;
-
-    /// `call`'s result, run on a thread of its own, waited for at most a minute: a
-    /// call that hangs fails the test with `what` instead of hanging it.
-    fn within_a_minute<T: Send + 'static>(
-        what: &str,
-        call: impl FnOnce() -> T + Send + 'static,
-    ) -> T {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let t = std::thread::spawn(move || tx.send(call()).unwrap());
-        let r = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("{what} still waiting a minute later"));
-        // It has sent its result: all that is left is dropping its handles.
-        t.join().unwrap();
-        r
-    }
+    use crate::testfs::within_a_minute;
 
     /// The volume stopped under `st` alone (what `State::allocator_broken` leaves: it
     /// cannot take the journal's lock there): the next commit fails the journal, so a
