@@ -14,9 +14,10 @@
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Pauses before sleeping: a pause takes about 5 ns on this machine's Xeon (10^7 in a
-/// loop), so with a read of the lock word each the spin lasts several µs, about the
-/// longest common hold of the volume's state lock. Measured (2 threads, fsmark cache
+/// Pauses before sleeping: a pause took about 5 ns on the Xeon this was tuned on and
+/// 25 ns on a later host of the same kind (10^7 in a loop), so with a read of the lock
+/// word each the spin lasts 5-25 µs, past the longest common hold of the volume's state
+/// lock. Measured (2 threads, fsmark cache
 /// phase): 250 pauses gave 0.86x of one thread, 1,000 gave 1.02x, 4,000 no more.
 pub const SPINS: u32 = 1000;
 
