@@ -11,7 +11,7 @@
 //! an owner that was preempted costs the waiter at most `SPINS` pauses before it
 //! sleeps as before.
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard, WaitTimeoutResult};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Pauses before sleeping: a pause took about 5 ns on the Xeon this was tuned on and
@@ -64,6 +64,8 @@ pub struct SpinMutex<T> {
     lock: Mutex<T>,
     /// Threads spinning on it now.
     spinners: AtomicU32,
+    /// Run on the value when a thread panics holding it (`SpinGuard`'s drop).
+    on_panic: Option<fn(&mut T)>,
 }
 
 impl<T> SpinMutex<T> {
@@ -71,10 +73,28 @@ impl<T> SpinMutex<T> {
         SpinMutex {
             lock: Mutex::new(value),
             spinners: AtomicU32::new(0),
+            on_panic: None,
         }
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, T> {
+    /// A mutex whose value hears of a panic that unwinds through a hold of it
+    /// (`on_panic`, under the lock, before the next holder): the value may be half
+    /// changed, as a poisoned std mutex's, and its owner decides what that means.
+    pub fn with_on_panic(value: T, on_panic: fn(&mut T)) -> SpinMutex<T> {
+        SpinMutex {
+            on_panic: Some(on_panic),
+            ..SpinMutex::new(value)
+        }
+    }
+
+    pub fn lock(&self) -> SpinGuard<'_, T> {
+        SpinGuard {
+            guard: self.lock_raw(),
+            on_panic: self.on_panic,
+        }
+    }
+
+    fn lock_raw(&self) -> MutexGuard<'_, T> {
         if let Some(g) = self.lock.try_lock() {
             return g;
         }
@@ -88,6 +108,53 @@ impl<T> SpinMutex<T> {
             self.spinners.fetch_sub(1, Ordering::Relaxed);
         }
         self.lock.lock()
+    }
+}
+
+/// A hold of a [`SpinMutex`].
+pub struct SpinGuard<'a, T> {
+    guard: MutexGuard<'a, T>,
+    on_panic: Option<fn(&mut T)>,
+}
+
+impl<T> SpinGuard<'_, T> {
+    /// Run `f` with the lock released, and take it again (`MutexGuard::unlocked`).
+    pub fn unlocked<U>(s: &mut Self, f: impl FnOnce() -> U) -> U {
+        MutexGuard::unlocked(&mut s.guard, f)
+    }
+
+    /// Wait on `cv`, the lock released meanwhile (`Condvar::wait`).
+    pub fn wait(s: &mut Self, cv: &Condvar) {
+        cv.wait(&mut s.guard);
+    }
+
+    /// Wait on `cv` at most `timeout` (`Condvar::wait_for`).
+    pub fn wait_for(s: &mut Self, cv: &Condvar, timeout: std::time::Duration) -> WaitTimeoutResult {
+        cv.wait_for(&mut s.guard, timeout)
+    }
+}
+
+impl<T> std::ops::Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.guard
+    }
+}
+
+impl<T> std::ops::DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.guard
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    fn drop(&mut self) {
+        // Still held here: the inner guard is dropped after this.
+        if std::thread::panicking() {
+            if let Some(f) = self.on_panic {
+                f(&mut self.guard);
+            }
+        }
     }
 }
 

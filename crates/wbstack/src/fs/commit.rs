@@ -512,20 +512,22 @@ impl Vol {
                 // sync pass of the flusher writing the ordered data).
                 if !st.jhome.is_empty() {
                     let home = self.take_home(&mut st);
-                    parking_lot::MutexGuard::unlocked(&mut st, || self.submit_home(home));
+                    crate::spin::SpinGuard::unlocked(&mut st, || self.submit_home(home));
                     continue;
                 }
                 // And the journal writes in flight finish: what the ordered data's
                 // writeback may wait for (blocks those commits free) does not wait
                 // behind this wait.
                 if !self.jn.lock().in_flight.is_empty() {
-                    parking_lot::MutexGuard::unlocked(&mut st, || self.finish_commits(0));
+                    crate::spin::SpinGuard::unlocked(&mut st, || self.finish_commits(0));
                     continue;
                 }
-                let timed_out = self
-                    .ordered_cv
-                    .wait_for(&mut st, std::time::Duration::from_millis(100))
-                    .timed_out();
+                let timed_out = crate::spin::SpinGuard::wait_for(
+                    &mut st,
+                    &self.ordered_cv,
+                    std::time::Duration::from_millis(100),
+                )
+                .timed_out();
                 if timed_out {
                     // As jbd2 submits an ordered inode's data itself: data the rename
                     // started writing may have been redirtied, truncated and rewritten
@@ -544,7 +546,7 @@ impl Vol {
                         .collect();
                     // Without `st`: a job queued once the flusher stopped runs on the
                     // queueing thread, and writing pages takes `st`.
-                    parking_lot::MutexGuard::unlocked(&mut st, || {
+                    crate::spin::SpinGuard::unlocked(&mut st, || {
                         for m in maps {
                             self.bdi.queue_job(Box::new(move || {
                                 // Errors reach fsync through the mapping's errseq.
@@ -1260,6 +1262,35 @@ mod abort_tests {
             v.create("/g").is_err(),
             "a change accepted after the failure"
         );
+        drop(f);
+        assert!(std::sync::Arc::try_unwrap(v).is_ok_and(|v| v.unmount().is_err()));
+    }
+
+    /// A thread that panics holding `st` (a bug in the middle of a change) fails the
+    /// volume: a create is refused, an fsync hears an error instead of a commit of a
+    /// half-made change, and unmount returns an error, each without waiting forever.
+    #[test]
+    fn a_panic_holding_the_state_lock_fails_the_volume() {
+        let v = std::sync::Arc::new(test_volume(|_| {}));
+        let f = std::sync::Arc::new(v.create("/f").unwrap());
+        f.write_at(0, b"data").unwrap();
+        let v2 = v.clone();
+        let r = std::thread::spawn(move || {
+            let _st = v2.vol.st.lock();
+            panic!("a bug under st (test)");
+        })
+        .join();
+        assert!(r.is_err(), "the thread did not panic");
+        let why = v.vol.st.lock().aborted.clone();
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.contains("panicked holding the volume's state")),
+            "{why:?}"
+        );
+        assert!(v.create("/g").is_err(), "a change accepted after the panic");
+        let f2 = f.clone();
+        let r = within_a_minute("an fsync after a panic under st", move || f2.fsync());
+        assert!(r.is_err(), "{r:?}");
         drop(f);
         assert!(std::sync::Arc::try_unwrap(v).is_ok_and(|v| v.unmount().is_err()));
     }

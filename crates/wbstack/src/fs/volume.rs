@@ -659,6 +659,20 @@ impl State {
         }
     }
 
+    /// A thread panicked holding `st` (a bug): what it was changing may be half
+    /// changed. The volume fails as when the allocator breaks: read-only, the next
+    /// commit fails the journal so every waiter hears EIO, and a checkpoint copying out
+    /// its changes is not written. Run under `st`, as the panic unwinds
+    /// (`SpinMutex::with_on_panic`).
+    pub(super) fn panicked_holding(st: &mut State) {
+        st.aborted.get_or_insert_with(|| {
+            "a thread panicked holding the volume's state (a bug; its message is on \
+             stderr): what it was changing may be half changed"
+                .into()
+        });
+        drop(st.meta.take_capture());
+    }
+
     pub(super) fn check_writable(&self) -> FsResult<()> {
         match &self.aborted {
             Some(why) => Err(FsError::ReadOnly(why.clone())),
@@ -1150,14 +1164,14 @@ impl Vol {
     /// Wait until no truncation of `ino` (None: of any inode) is in progress.
     pub(super) fn wait_truncations(
         &self,
-        st: &mut parking_lot::MutexGuard<'_, State>,
+        st: &mut crate::spin::SpinGuard<'_, State>,
         ino: Option<u64>,
     ) {
         while match ino {
             Some(i) => st.truncating.contains_key(&i),
             None => !st.truncating.is_empty(),
         } {
-            self.truncate_cv.wait(st);
+            crate::spin::SpinGuard::wait(st, &self.truncate_cv);
         }
     }
 }
@@ -1609,7 +1623,7 @@ impl Vol {
     /// same hold); it ends the hold.
     pub(super) fn rename_in(
         self: &Arc<Self>,
-        mut st: parking_lot::MutexGuard<'_, State>,
+        mut st: crate::spin::SpinGuard<'_, State>,
         od: u64,
         on: &[u8],
         nd: u64,
