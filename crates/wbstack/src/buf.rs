@@ -165,6 +165,8 @@ mod pool {
     use parking_lot::Mutex;
     use std::alloc::{self, Layout};
     use std::ptr::NonNull;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::OnceLock;
 
     pub(super) const SLAB_PAGES: usize = 512;
 
@@ -191,32 +193,42 @@ mod pool {
     /// holds; past it, slabs are mapped one at a time.
     const RESERVE_BYTES: usize = 64 << 30;
 
-    /// The reservation, if the system granted it, and how much of it slabs took.
+    /// The reservation, if the system granted it (its address, as usize so it is
+    /// shared between threads as the free list's are), and how much of it slabs took.
     struct Reserve {
         base: usize,
-        used: std::sync::atomic::AtomicUsize,
+        used: AtomicUsize,
+    }
+
+    /// A new anonymous private read-write mapping of `len` bytes with `flags` added, or
+    /// None if the system refuses it.
+    fn map_anonymous(len: usize, flags: libc::c_int) -> Option<NonNull<u8>> {
+        // SAFETY: a new mapping at an address the kernel picks, touching no existing
+        // memory. The result is checked for MAP_FAILED, and a mapping that succeeded
+        // is never at null.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+                -1,
+                0,
+            );
+            (p != libc::MAP_FAILED).then(|| NonNull::new_unchecked(p as *mut u8))
+        }
     }
 
     fn reserve() -> Option<&'static Reserve> {
-        static RESERVE: std::sync::OnceLock<Option<Reserve>> = std::sync::OnceLock::new();
+        static RESERVE: OnceLock<Option<Reserve>> = OnceLock::new();
         RESERVE
             .get_or_init(|| {
-                // SAFETY: a new anonymous private mapping, touching no existing memory;
-                // MAP_NORESERVE commits no swap or memory for it. Checked for MAP_FAILED
-                // (refused where overcommit is strict: slabs are then mapped one by one).
-                let base = unsafe {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        RESERVE_BYTES,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                        -1,
-                        0,
-                    )
-                };
-                (base != libc::MAP_FAILED).then(|| Reserve {
-                    base: base as usize,
-                    used: std::sync::atomic::AtomicUsize::new(0),
+                // MAP_NORESERVE: no memory or swap committed for it. Refused where
+                // overcommit is strict: slabs are then mapped one by one.
+                let base = map_anonymous(RESERVE_BYTES, libc::MAP_NORESERVE)?;
+                Some(Reserve {
+                    base: base.as_ptr() as usize,
+                    used: AtomicUsize::new(0),
                 })
             })
             .as_ref()
@@ -226,7 +238,7 @@ mod pool {
     #[cfg(test)]
     pub(super) fn slabs_carved() -> usize {
         reserve().map_or(0, |r| {
-            r.used.load(std::sync::atomic::Ordering::Relaxed) / (SLAB_PAGES * IO_ALIGN)
+            r.used.load(Ordering::Relaxed) / (SLAB_PAGES * IO_ALIGN)
         })
     }
 
@@ -239,19 +251,21 @@ mod pool {
     fn new_slab() -> NonNull<u8> {
         let len = SLAB_PAGES * IO_ALIGN;
         if let Some(r) = reserve() {
-            let at = r.used.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+            let at = r.used.fetch_add(len, Ordering::Relaxed);
             if at + len <= RESERVE_BYTES {
-                let slab = (r.base + at) as *mut libc::c_void;
+                // SAFETY: inside a mapping that succeeded, so not null.
+                let slab = unsafe { NonNull::new_unchecked((r.base + at) as *mut u8) };
                 // SAFETY: [slab, slab + len) lies inside the reservation (checked above)
                 // and was handed to no one else (fetch_add); populating only faults its
                 // pages in.
-                let r = unsafe { libc::madvise(slab, len, libc::MADV_POPULATE_WRITE) };
+                let rc =
+                    unsafe { libc::madvise(slab.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE) };
                 // Refused by a kernel without it (EINVAL: before 5.14), interrupted, or
                 // short of memory (as MAP_POPULATE fails, silently): the pages are then
                 // faulted in on first touch, where a lack of memory meets every
                 // allocation alike.
                 debug_assert!(
-                    r == 0
+                    rc == 0
                         || matches!(
                             std::io::Error::last_os_error().raw_os_error(),
                             Some(libc::EINVAL | libc::EINTR | libc::EAGAIN | libc::ENOMEM)
@@ -259,27 +273,12 @@ mod pool {
                     "MADV_POPULATE_WRITE on a slab of the reservation: {}",
                     std::io::Error::last_os_error()
                 );
-                // SAFETY: inside a mapping that succeeded, so not null.
-                return unsafe { NonNull::new_unchecked(slab as *mut u8) };
+                return slab;
             }
         }
-        // SAFETY: an anonymous private mapping of `len` bytes; no existing memory is
-        // touched. The result is checked for MAP_FAILED.
-        let slab = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if slab == libc::MAP_FAILED {
-            alloc::handle_alloc_error(Layout::from_size_align(len, IO_ALIGN).expect("slab layout"));
-        }
-        // SAFETY: mmap never returns null for a non-fixed mapping that succeeded.
-        unsafe { NonNull::new_unchecked(slab as *mut u8) }
+        map_anonymous(len, libc::MAP_POPULATE).unwrap_or_else(|| {
+            alloc::handle_alloc_error(Layout::from_size_align(len, IO_ALIGN).expect("slab layout"))
+        })
     }
 
     pub(super) fn put(p: NonNull<u8>) {

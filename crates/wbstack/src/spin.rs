@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// Pauses before sleeping: a pause took about 5 ns on the Xeon this was tuned on and
 /// 25 ns on a later host of the same kind (10^7 in a loop), so with a read of the lock
 /// word each the spin lasts 5-25 µs, past the longest common hold of the volume's state
-/// lock. Measured (2 threads, fsmark cache
-/// phase): 250 pauses gave 0.86x of one thread, 1,000 gave 1.02x, 4,000 no more.
+/// lock. Measured (2 threads, fsmark cache phase): 250 pauses gave 0.86x of one thread,
+/// 1,000 gave 1.02x, 4,000 no more.
 pub const SPINS: u32 = 1000;
 
 /// Lock `m`, spinning up to `SPINS` pauses while another thread holds it before

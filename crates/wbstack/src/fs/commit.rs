@@ -27,10 +27,8 @@ fn sector(block: u64) -> u64 {
 pub(super) fn committer(weak: Weak<Vol>) {
     loop {
         let Some(vol) = weak.upgrade() else { return };
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vol.committer_step())) {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(p) => return vol.thread_panicked("commit", p.as_ref()),
+        if vol.guarded("commit", || vol.committer_step()) != Some(true) {
+            return;
         }
     }
 }
@@ -90,11 +88,9 @@ pub(super) struct CheckpointJob {
 pub(super) fn checkpointer(weak: Weak<Vol>, jobs: std::sync::mpsc::Receiver<CheckpointJob>) {
     for job in jobs {
         let Some(vol) = weak.upgrade() else { return };
-        let step = std::panic::AssertUnwindSafe(|| {
-            vol.background_checkpoint(job.capture, job.tid, job.journal_pos, job.t0_ns)
-        });
-        if let Err(p) = std::panic::catch_unwind(step) {
-            return vol.thread_panicked("checkpoint", p.as_ref());
+        let step = || vol.background_checkpoint(job.capture, job.tid, job.journal_pos, job.t0_ns);
+        if vol.guarded("checkpoint", step).is_none() {
+            return;
         }
     }
 }
@@ -991,12 +987,17 @@ impl Vol {
         }
     }
 
-    /// The volume's `which` thread panicked (a bug): the volume fails as on a journal
-    /// error, read-only with the panic's message, so every fsync, sync and unmount
-    /// waiting on that thread hears EIO instead of waiting forever for it.
-    pub(super) fn thread_panicked(&self, which: &str, payload: &(dyn std::any::Any + Send)) {
-        let msg = crate::panic_message(payload);
-        self.abort(format!("the {which} thread panicked: {msg}"));
+    /// One step `f` of the volume's `which` thread; None if it panicked (a bug). The
+    /// volume then fails as on a journal error, read-only with the panic's message, so
+    /// every fsync, sync and unmount waiting on that thread hears EIO instead of
+    /// waiting forever for it, and the thread must end.
+    pub(super) fn guarded<R>(&self, which: &str, f: impl FnOnce() -> R) -> Option<R> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            .map_err(|p| {
+                let msg = crate::panic_message(p.as_ref());
+                self.abort(format!("the {which} thread panicked: {msg}"));
+            })
+            .ok()
     }
 
     /// A panic the flusher contained (in this filesystem's writepages or flush batch,

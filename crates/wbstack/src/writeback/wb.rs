@@ -324,6 +324,12 @@ impl Bdi {
         })
     }
 
+    /// `contain` of a call that returns a block result: its error, or EIO if it
+    /// panicked.
+    fn contain_io(&self, what: &str, f: impl FnOnce() -> BlkResult) -> BlkResult {
+        self.contain(what, f).and_then(|r| r)
+    }
+
     pub fn write_errors(&self) -> u64 {
         self.write_errors.load(Ordering::Relaxed)
     }
@@ -580,9 +586,7 @@ impl Bdi {
         }
         let (lo, hi) = range.unwrap_or((0, u64::MAX));
         let mut wbc = Wbc::sync_range(lo, hi);
-        let r = self
-            .contain("writepages", || inode.writepages(&mut wbc))
-            .and_then(|r| r);
+        let r = self.contain_io("writepages", || inode.writepages(&mut wbc));
         inode.wait_writeback_all();
         {
             // Checked under the lists lock (see mark_inode_dirty).
@@ -701,9 +705,7 @@ impl Bdi {
                 for_kupdate: work.kind == WorkKind::Kupdate,
                 ..Default::default()
             };
-            let r = self
-                .contain("writepages", || inode.writepages(&mut wbc))
-                .and_then(|r| r);
+            let r = self.contain_io("writepages", || inode.writepages(&mut wbc));
             if r.is_err() && result.is_ok() {
                 result = r;
             }
@@ -797,20 +799,18 @@ impl Bdi {
                 }
             };
             let kind = item.work.lock().kind;
-            let mut r = self
-                .contain("a writeback work", || {
-                    let r = match kind {
-                        WorkKind::Fsync(ino) => self.fsync_work(ino, item.range),
-                        _ => self.wb_writeback(&item),
-                    };
-                    // Popped into a local (see above).
-                    let visited = std::mem::take(&mut *item.visited.lock());
-                    for inode in visited {
-                        inode.wait_writeback_all();
-                    }
-                    r
-                })
-                .and_then(|r| r);
+            let mut r = self.contain_io("a writeback work", || {
+                let r = match kind {
+                    WorkKind::Fsync(ino) => self.fsync_work(ino, item.range),
+                    _ => self.wb_writeback(&item),
+                };
+                // Popped into a local (see above).
+                let visited = std::mem::take(&mut *item.visited.lock());
+                for inode in visited {
+                    inode.wait_writeback_all();
+                }
+                r
+            });
             if self.write_errors() > 0 && r.is_ok() && item.work.lock().kind == WorkKind::Sync {
                 // Errors are reported per file by errseq (later); the work itself only
                 // reports what its own submissions returned.
@@ -907,9 +907,8 @@ fn flusher(weak: Weak<Bdi>, waiter: Arc<Waiter>) {
                 return;
             }
             // Contained, a panic of the flusher's own code fails the work it was in
-            // (`run_works`), or a periodic pass, and the thread goes on.
-            // A pass that panicked is tried again a second later, or when kicked,
-            // not in a loop.
+            // (`run_works`) or a periodic pass, and the thread goes on: a pass that
+            // panicked is tried again a second later, or when kicked, not in a loop.
             let next = bdi
                 .contain("the flusher", || bdi.do_writeback())
                 .unwrap_or_else(|_| Some(bdi.clock.now_ns() + NSEC_PER_SEC));
