@@ -522,3 +522,123 @@ fn changes_past_the_inode_cache_make_the_next_commit_a_checkpoint() {
         check_unmount_fsck(v);
     }
 }
+
+/// Checkpoint, then open and close a file elsewhere: the prune at that close sends the
+/// directories' clean entries cold (`fs::dir`).
+fn shrink_dirs(v: &Volume) {
+    v.checkpoint().unwrap();
+    v.create("/churn").unwrap().close().unwrap();
+}
+
+/// Every entry of directory `ino`, walked a page of `max` at a time from cookie 0.
+fn walk_pages(v: &Volume, ino: u64, max: usize) -> Vec<(String, u64)> {
+    let (mut out, mut cookie) = (Vec::new(), 0);
+    loop {
+        let page = v.readdir_page(ino, cookie, max).unwrap();
+        let Some(last) = page.last() else {
+            return out;
+        };
+        cookie = last.cookie;
+        out.extend(
+            page.iter()
+                .map(|e| (String::from_utf8(e.name.clone()).unwrap(), e.ino)),
+        );
+    }
+}
+
+/// A directory keeps in memory only the hashes of entries unchanged since the durable
+/// checkpoint (issue 16: memory follows what is in use): after a checkpoint its names
+/// leave memory, a create of a new name reads nothing back (its hash is not among the
+/// directory's), and a lookup, a create of an existing name, a page of readdir, an
+/// unlink, a rename and an rmdir each read back only the groups they need, and find
+/// every entry as it was, through a remount too.
+#[test]
+fn a_directorys_clean_entries_leave_memory_and_come_back_on_use() {
+    let q = mkfs5("sim:ssd,size=256M");
+    // No inode leaves memory: only entries do.
+    let v = mount_with_cache(&q, 1 << 20);
+    v.mkdir("/d", 0o755).unwrap();
+    v.mkdir("/d/sub", 0o755).unwrap();
+    let n = 2000u64;
+    for i in 0..n {
+        v.create(&format!("/d/f{i}")).unwrap().close().unwrap();
+    }
+    let listing = |v: &Volume| -> BTreeMap<String, (u64, InodeKind)> {
+        v.readdir("/d")
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, (e.ino, e.kind)))
+            .collect()
+    };
+    let before = listing(&v);
+    assert_eq!(before.len() as u64, n + 1);
+    let s0 = v.inode_cache_stats();
+    assert!(s0.dirents_resident > n, "{s0:?}");
+    shrink_dirs(&v);
+    let s = v.inode_cache_stats();
+    assert!(s.dirents_dropped > n, "{s:?}");
+    // /churn alone was changed since the checkpoint.
+    assert_eq!(s.dirents_resident, 1, "{s:?}");
+
+    // A lookup reads back the one group it needs.
+    let ino17 = v.stat("/d/f17").unwrap().ino;
+    assert_eq!(ino17, before["f17"].0);
+    let s1 = v.inode_cache_stats();
+    let read = |a: &wbstack::fs::InodeCacheStats, b: &wbstack::fs::InodeCacheStats| {
+        b.dirent_groups_read_back - a.dirent_groups_read_back
+    };
+    assert!((1..=2).contains(&read(&s, &s1)), "{s:?} -> {s1:?}");
+    // A new name reads nothing back: its hash alone says it is free.
+    v.create("/d/new").unwrap().close().unwrap();
+    let s2 = v.inode_cache_stats();
+    assert_eq!(read(&s1, &s2), 0, "{s1:?} -> {s2:?}");
+    // An existing name is found, not made twice.
+    assert!(matches!(v.mkdir("/d/f5", 0o755), Err(FsError::Exists(_))));
+
+    // readdir, whole and by pages, lists every entry exactly once.
+    shrink_dirs(&v);
+    let mut want = before.clone();
+    let new_ino = v.stat("/d/new").unwrap().ino;
+    want.insert("new".into(), (new_ino, InodeKind::File));
+    let d_ino = v.stat("/d").unwrap().ino;
+    shrink_dirs(&v);
+    let s3 = v.inode_cache_stats();
+    let mut paged = walk_pages(&v, d_ino, 64);
+    let s4 = v.inode_cache_stats();
+    assert!(read(&s3, &s4) > 0, "the pages read their groups back");
+    paged.sort();
+    let want_pairs: Vec<(String, u64)> = want.iter().map(|(k, v)| (k.clone(), v.0)).collect();
+    assert_eq!(paged, want_pairs);
+    shrink_dirs(&v);
+    assert_eq!(listing(&v), want);
+
+    // Unlink, rename over an existing name, and rmdir of entries that are cold.
+    shrink_dirs(&v);
+    v.unlink("/d/f100").unwrap();
+    assert!(matches!(v.stat("/d/f100"), Err(FsError::NotFound(_))));
+    v.rename("/d/f200", "/d/f300").unwrap();
+    assert_eq!(v.stat("/d/f300").unwrap().ino, before["f200"].0);
+    assert!(matches!(v.stat("/d/f200"), Err(FsError::NotFound(_))));
+    assert!(matches!(v.rmdir("/d"), Err(FsError::NotEmpty(_))));
+    v.rmdir("/d/sub").unwrap();
+    for name in ["f100", "f200", "sub"] {
+        want.remove(name);
+    }
+    want.insert("f300".into(), before["f200"]);
+    shrink_dirs(&v);
+    assert_eq!(listing(&v), want);
+
+    // Through a remount: the directory comes back with hashes alone, and every entry
+    // is found as it was.
+    shrink_dirs(&v);
+    v.unmount().unwrap();
+    let v = mount_with_cache(&q, 1 << 20);
+    assert_eq!(v.stat("/d/f17").unwrap().ino, ino17);
+    let s = v.inode_cache_stats();
+    assert_eq!(
+        s.dirents_resident, 2,
+        "the groups walked: d in /, f17 in /d: {s:?}"
+    );
+    assert_eq!(listing(&v), want);
+    check_unmount_fsck(v);
+}

@@ -30,6 +30,16 @@ impl wbstack::fs::inodes::InodeSource for NoSource {
     fn read_all(&self) -> wbstack::fs::inodes::Read {
         self.read_inodes(&[])
     }
+
+    fn read_dirents(
+        &self,
+        _asked: &[wbstack::fs::inodes::DirMiss],
+    ) -> wbstack::fs::inodes::DirentsRead {
+        wbstack::fs::inodes::DirentsRead {
+            gen: 0,
+            entries: Ok(Vec::new()),
+        }
+    }
 }
 
 fn assert_same(a: &mut Meta, b: &mut Meta) {

@@ -22,7 +22,7 @@ use super::btree::store::DeviceStore;
 use super::btree::{Root, Tree, TreeError, TreeResult};
 use super::error::{FsError, FsResult};
 use super::format::Checkpoint;
-use super::inodes::{InodeSource, Read};
+use super::inodes::{DirMiss, DirentsRead, InodeSource, Read};
 use super::meta::Meta;
 use super::metatree::{self, Captured, RootRecord, SpaceRecord};
 use crate::block::RequestQueue;
@@ -92,6 +92,27 @@ impl InodeSource for DurableTree {
             Ok(out)
         });
         Read { gen, inodes }
+    }
+
+    fn read_dirents(&self, asked: &[DirMiss]) -> DirentsRead {
+        let (tree, gen) = self.tree();
+        let entries = tree.and_then(|t| {
+            let mut out = Vec::new();
+            for m in asked {
+                let e = metatree::load_dirents(
+                    &t,
+                    &*self.store,
+                    self.fs_id,
+                    m.dir,
+                    m.cold.from,
+                    m.cold.to,
+                )
+                .map_err(|e| read_back_err(&format!("reading directory {} back", m.dir), e))?;
+                out.extend(e);
+            }
+            Ok(out)
+        });
+        DirentsRead { gen, entries }
     }
 
     fn read_all(&self) -> Read {

@@ -8,8 +8,23 @@
 //!
 //! Names whose hashes collide share a cookie; a page of entries never ends inside such
 //! a group (`Dir::page`), so a resume never skips part of one.
+//!
+//! On a volume whose inodes are a cache over the metadata tree (`fs::inodes`), a
+//! directory is partial: a group of names sharing a hash is either resident (its
+//! names and inodes here) or cold (only its hash here: 8 bytes, not ~100, and its
+//! names in the tree's last durable root). A lookup, a create's check that the name is
+//! free, and a page of readdir that meet a cold group fail with the range of hashes
+//! to read back (`Cold`), which the operation's entry point reads without `st` and
+//! installs (`install_group`) before it runs again, as it does for inodes. A create
+//! whose hash no group has needs no read: the hash alone says the name is free. A
+//! group goes cold (`shrink`) once every change to it is in a durable checkpoint: its
+//! stamp, the checkpoint generation its last change went out with, is durable. So a
+//! directory's memory is its hashes plus the groups changed since the last durable
+//! checkpoint or read back since the last shrink, not every name it holds.
 
 use super::format::InodeKind;
+use super::inodes::DirentRead;
+use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
@@ -49,24 +64,40 @@ impl Name {
 
 /// The names that share one hash: almost always one.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Slot {
+enum Names {
     One((Name, u64)),
     /// Two or more, sorted by name.
     Many(Vec<(Name, u64)>),
 }
 
+/// A resident group: its names, and the checkpoint generation its last change goes
+/// out with (0: none since it came into memory, or a volume that stamps nothing). It
+/// may go cold once that generation is durable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Slot {
+    names: Names,
+    gen: u64,
+}
+
 impl Slot {
+    fn one(name: &[u8], kind: Option<InodeKind>, ino: u64, gen: u64) -> Slot {
+        Slot {
+            names: Names::One((Name::new(name, kind), ino)),
+            gen,
+        }
+    }
+
     fn entries(&self) -> &[(Name, u64)] {
-        match self {
-            Slot::One(e) => std::slice::from_ref(e),
-            Slot::Many(v) => v.as_slice(),
+        match &self.names {
+            Names::One(e) => std::slice::from_ref(e),
+            Names::Many(v) => v.as_slice(),
         }
     }
 
     fn entries_mut(&mut self) -> &mut [(Name, u64)] {
-        match self {
-            Slot::One(e) => std::slice::from_mut(e),
-            Slot::Many(v) => v.as_mut_slice(),
+        match &mut self.names {
+            Names::One(e) => std::slice::from_mut(e),
+            Names::Many(v) => v.as_mut_slice(),
         }
     }
 }
@@ -83,8 +114,125 @@ pub struct DirPageEntry {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Dir {
+    /// The resident groups.
     by_hash: BTreeMap<u64, Slot>,
+    /// Every entry, resident or cold.
     len: usize,
+    /// None: every entry is resident and nothing is stamped (a volume that holds all
+    /// its metadata in memory, or a directory never changed nor read back lazily).
+    partial: Option<Box<Partial>>,
+}
+
+/// What a partial directory keeps beside its resident groups.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Partial {
+    /// The hashes of the cold groups (a group of names sharing a hash goes cold and
+    /// comes back whole: the tree's range of one hash is exactly one group).
+    cold: ColdSet,
+    /// Entries in cold groups, and of them those naming directories.
+    cold_entries: usize,
+    cold_subdirs: u32,
+}
+
+/// The hashes of a directory's cold groups: a sorted array (8 bytes a group, and a
+/// shrink's run of new cold hashes, sorted already, merges in one sequential pass: a
+/// `BTreeSet` cost about 14 bytes a hash and a cache miss per level for every insert,
+/// ~1 µs each under `st`), less the groups read back since (`revived`, folded into
+/// the array once they are a quarter of it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct ColdSet {
+    sorted: Vec<u64>,
+    revived: FxHashSet<u64>,
+}
+
+impl ColdSet {
+    fn contains(&self, h: u64) -> bool {
+        self.sorted.binary_search(&h).is_ok() && !self.revived.contains(&h)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.sorted.len() == self.revived.len()
+    }
+
+    /// The cold hashes in `from..=to`, in order.
+    fn range(&self, from: u64, to: u64) -> impl Iterator<Item = u64> + '_ {
+        let start = self.sorted.partition_point(|&x| x < from);
+        self.sorted[start..]
+            .iter()
+            .copied()
+            .take_while(move |&x| x <= to)
+            .filter(|x| !self.revived.contains(x))
+    }
+
+    fn first(&self) -> Option<u64> {
+        self.range(0, u64::MAX).next()
+    }
+
+    fn last(&self) -> Option<u64> {
+        self.sorted
+            .iter()
+            .rev()
+            .copied()
+            .find(|x| !self.revived.contains(x))
+    }
+
+    /// The group of `h` is no longer cold; false if it was not.
+    fn remove(&mut self, h: u64) -> bool {
+        if !self.contains(h) {
+            return false;
+        }
+        self.revived.insert(h);
+        if self.revived.len() > self.sorted.len() / 4 + 1024 {
+            let revived = std::mem::take(&mut self.revived);
+            self.sorted.retain(|x| !revived.contains(x));
+        }
+        true
+    }
+
+    /// Add hashes not cold now, in increasing order.
+    fn extend_sorted(&mut self, run: &[u64]) {
+        debug_assert!(run.is_sorted(), "a run of cold hashes out of order");
+        // A hash read back and cold again is still in `sorted`.
+        let fresh: Vec<u64> = run
+            .iter()
+            .copied()
+            .filter(|h| !self.revived.remove(h))
+            .collect();
+        debug_assert!(
+            fresh.iter().all(|h| self.sorted.binary_search(h).is_err()),
+            "a hash made cold twice"
+        );
+        if self
+            .sorted
+            .last()
+            .is_none_or(|&l| fresh.first().is_none_or(|&f| l < f))
+        {
+            self.sorted.extend_from_slice(&fresh);
+            return;
+        }
+        let old = std::mem::take(&mut self.sorted);
+        self.sorted.reserve_exact(old.len() + fresh.len());
+        let (mut a, mut b) = (old.iter().peekable(), fresh.iter().peekable());
+        while let (Some(&&x), Some(&&y)) = (a.peek(), b.peek()) {
+            if x < y {
+                self.sorted.push(x);
+                a.next();
+            } else {
+                self.sorted.push(y);
+                b.next();
+            }
+        }
+        self.sorted.extend(a);
+        self.sorted.extend(b);
+    }
+}
+
+/// Hashes from `from` to `to` (inclusive) hold cold groups: read them back
+/// (`InodeSource::read_dirents`) and run again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cold {
+    pub from: u64,
+    pub to: u64,
 }
 
 impl Dir {
@@ -100,17 +248,41 @@ impl Dir {
         self.len == 0
     }
 
-    /// The inode `name` names, under the volume's hash seed `seed`.
-    pub fn get(&self, seed: u64, name: &[u8]) -> Option<u64> {
-        self.get_at(name_hash(seed, name), name)
+    /// The inode `name` names, under the volume's hash seed `seed`; `Cold` if its
+    /// group must be read back first.
+    pub fn get(&self, seed: u64, name: &[u8]) -> Result<Option<u64>, Cold> {
+        let h = name_hash(seed, name);
+        Ok(self.lookup_at(h, name)?.map(|e| e.0))
     }
 
-    /// `get` with the name's hash known.
+    /// `get` with the name's hash known, of a directory whose every entry is resident.
+    #[cfg(test)]
     pub(super) fn get_at(&self, h: u64, name: &[u8]) -> Option<u64> {
         self.entry_at(h, name).map(|e| e.0)
     }
 
-    /// The inode `name` (whose hash is `h`) names, and its kind if known.
+    /// The inode `name` (whose hash is `h`) names, and its kind if known; `Cold` if its
+    /// group is not resident.
+    pub(super) fn lookup_at(
+        &self,
+        h: u64,
+        name: &[u8],
+    ) -> Result<Option<(u64, Option<InodeKind>)>, Cold> {
+        self.check_resident(h)?;
+        Ok(self.entry_at(h, name))
+    }
+
+    /// Err if the group of hash `h` is cold.
+    fn check_resident(&self, h: u64) -> Result<(), Cold> {
+        match &self.partial {
+            Some(p) if p.cold.contains(h) => Err(Cold { from: h, to: h }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The inode `name` (whose hash is `h`) names among the resident groups, and its
+    /// kind if known: for a caller that knows the group is resident (changed since the
+    /// last durable checkpoint, so not shrunk).
     pub(super) fn entry_at(&self, h: u64, name: &[u8]) -> Option<(u64, Option<InodeKind>)> {
         self.by_hash
             .get(&h)?
@@ -139,23 +311,24 @@ impl Dir {
             "a name's hash {h} below the first cookie"
         );
         let Some(slot) = self.by_hash.get_mut(&h) else {
-            self.by_hash
-                .insert(h, Slot::One((Name::new(name, kind), ino)));
+            self.by_hash.insert(h, Slot::one(name, kind, ino, 0));
             self.len += 1;
             return None;
         };
-        let v = match slot {
-            Slot::One((n, old)) if n.bytes() == name => {
+        let v = match &mut slot.names {
+            Names::One((n, old)) if n.bytes() == name => {
                 n.set_kind(kind);
                 return Some(std::mem::replace(old, ino));
             }
-            Slot::One((n, old)) => {
+            Names::One((n, old)) => {
                 let first = (std::mem::replace(n, Name::new(&[], None)), *old);
-                *slot = Slot::Many(vec![first]);
-                let Slot::Many(v) = slot else { unreachable!() };
+                slot.names = Names::Many(vec![first]);
+                let Names::Many(v) = &mut slot.names else {
+                    unreachable!()
+                };
                 v
             }
-            Slot::Many(v) => v,
+            Names::Many(v) => v,
         };
         match v.binary_search_by(|(n, _)| n.bytes().cmp(name)) {
             Ok(i) => {
@@ -171,45 +344,73 @@ impl Dir {
     }
 
     /// Add `name` (whose hash is `h`) if absent, in one walk of the directory; false,
-    /// with nothing changed, if it is there already.
+    /// with nothing changed, if it is there already; `Cold`, with nothing changed, if
+    /// its group must be read back to tell. `stamp`: the checkpoint generation the
+    /// change goes out with (a lazy volume's), which keeps the group resident until it
+    /// is durable.
     pub(super) fn insert_new_at(
         &mut self,
         h: u64,
         name: &[u8],
         ino: u64,
         kind: Option<InodeKind>,
-    ) -> bool {
+        stamp: Option<u64>,
+    ) -> Result<bool, Cold> {
         debug_assert!(
             h >= FIRST_COOKIE,
             "a name's hash {h} below the first cookie"
         );
+        self.check_resident(h)?;
         let slot = match self.by_hash.entry(h) {
             std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert(Slot::One((Name::new(name, kind), ino)));
+                v.insert(Slot::one(name, kind, ino, stamp.unwrap_or(0)));
                 self.len += 1;
-                return true;
+                return Ok(true);
             }
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
         };
         if slot.entries().iter().any(|(n, _)| n.bytes() == name) {
-            return false;
+            return Ok(false);
         }
         // A collision: the shared slot takes it, as `insert_at` places it.
         let replaced = self.insert_at(h, name, ino, kind);
         debug_assert!(replaced.is_none(), "{name:?} was absent from its slot");
-        true
+        self.stamp(h, stamp);
+        Ok(true)
     }
 
-    /// Remove `name`; the inode it named, if any.
+    /// The resident group of hash `h` changed in generation `gen` (none: nothing is
+    /// stamped).
+    fn stamp(&mut self, h: u64, gen: Option<u64>) {
+        if let (Some(g), Some(slot)) = (gen, self.by_hash.get_mut(&h)) {
+            debug_assert!(slot.gen <= g, "group {h} stamped {g} after {}", slot.gen);
+            slot.gen = g;
+        }
+    }
+
+    /// Remove `name` from a directory whose every entry is resident (one never made
+    /// partial); the inode it named, if any.
     pub fn remove(&mut self, seed: u64, name: &[u8]) -> Option<u64> {
-        self.remove_at(name_hash(seed, name), name)
+        self.remove_at(name_hash(seed, name), name, None)
     }
 
-    /// `remove` with the name's hash known.
-    pub(super) fn remove_at(&mut self, h: u64, name: &[u8]) -> Option<u64> {
+    /// `remove` with the name's hash known, its group resident (looked up first:
+    /// `lookup_at`); `stamp` as for `insert_new_at`.
+    pub(super) fn remove_at(&mut self, h: u64, name: &[u8], stamp: Option<u64>) -> Option<u64> {
+        debug_assert!(
+            self.check_resident(h).is_ok(),
+            "a removal from cold group {h}"
+        );
+        let ino = self.remove_resident(h, name)?;
+        // A group left with other names keeps them resident until this is durable.
+        self.stamp(h, stamp);
+        Some(ino)
+    }
+
+    fn remove_resident(&mut self, h: u64, name: &[u8]) -> Option<u64> {
         let slot = self.by_hash.get_mut(&h)?;
-        let ino = match slot {
-            Slot::One((n, ino)) => {
+        let ino = match &mut slot.names {
+            Names::One((n, ino)) => {
                 if n.bytes() != name {
                     return None;
                 }
@@ -217,13 +418,13 @@ impl Dir {
                 self.by_hash.remove(&h);
                 ino
             }
-            Slot::Many(v) => {
+            Names::Many(v) => {
                 let i = v.iter().position(|(n, _)| n.bytes() == name)?;
                 let (_, ino) = v.remove(i);
                 debug_assert!(!v.is_empty(), "a shared slot of one name");
                 if v.len() == 1 {
                     let last = v.pop().expect("one left");
-                    *slot = Slot::One(last);
+                    slot.names = Names::One(last);
                 }
                 ino
             }
@@ -232,7 +433,116 @@ impl Dir {
         Some(ino)
     }
 
-    /// Every entry, in cookie order.
+    /// Err if any group is cold: for a caller about to walk every entry (`iter`), the
+    /// range to read back first.
+    pub fn all_resident(&self) -> Result<(), Cold> {
+        match self.partial.as_deref() {
+            Some(p) if !p.cold.is_empty() => Err(Cold {
+                from: p.cold.first().expect("not empty"),
+                to: p.cold.last().expect("not empty"),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The first cold group's hash in `range`, if any.
+    pub fn cold_in(&self, range: Cold) -> Option<u64> {
+        let p = self.partial.as_deref()?;
+        p.cold.range(range.from, range.to).next()
+    }
+
+    /// Entries whose names are in memory.
+    pub fn resident_len(&self) -> usize {
+        self.len - self.partial.as_deref().map_or(0, |p| p.cold_entries)
+    }
+
+    /// How many entries name directories, if every kind is known.
+    pub fn subdirs(&self) -> Option<u32> {
+        let cold = self.partial.as_deref().map_or(0, |p| p.cold_subdirs);
+        self.iter_kinds().try_fold(cold, |n, (_, _, k)| {
+            Some(n + u32::from(k? == InodeKind::Dir))
+        })
+    }
+
+    /// A group read back lazily goes in cold: its hash, how many names it has and how
+    /// many of them name directories (a directory's read back, `metatree::load_inode`).
+    pub(super) fn add_cold(&mut self, h: u64, names: usize, subdirs: u32) {
+        debug_assert!(
+            !self.by_hash.contains_key(&h),
+            "group {h} both resident and cold"
+        );
+        let p = self.partial.get_or_insert_with(Box::default);
+        debug_assert!(!p.cold.contains(h), "cold group {h} added twice");
+        p.cold.extend_sorted(&[h]);
+        p.cold_entries += names;
+        p.cold_subdirs += subdirs;
+        self.len += names;
+    }
+
+    /// Install a cold group read back (its names as the durable tree holds them, which
+    /// a cold group's are: it has not changed since); false if it is not cold (another
+    /// reader installed it, or it changed since: memory is newer).
+    pub(super) fn install_group(&mut self, h: u64, names: &[DirentRead]) -> bool {
+        let Some(p) = self.partial.as_deref_mut() else {
+            return false;
+        };
+        if !p.cold.remove(h) {
+            return false;
+        }
+        let subdirs = names
+            .iter()
+            .filter(|e| e.kind == Some(InodeKind::Dir))
+            .count() as u32;
+        debug_assert!(
+            p.cold_entries >= names.len() && p.cold_subdirs >= subdirs,
+            "group {h} read back with more names than went cold"
+        );
+        p.cold_entries -= names.len();
+        p.cold_subdirs -= subdirs;
+        self.len -= names.len();
+        for e in names {
+            debug_assert_eq!(e.hash, h, "a name of another group");
+            let before = self.insert_at(h, &e.name, e.ino, e.kind);
+            debug_assert!(before.is_none(), "a name twice in group {h}");
+        }
+        true
+    }
+
+    /// Send every clean group (its stamp no later than `durable_gen`) cold, keeping
+    /// the groups changed since. Groups with a kind not known stay (an entry cold must
+    /// say whether it names a directory). Returns how many entries went cold.
+    pub(super) fn shrink(&mut self, durable_gen: u64) -> usize {
+        if self.by_hash.is_empty() {
+            return 0;
+        }
+        let p = self.partial.get_or_insert_with(Box::default);
+        let mut moved = 0;
+        // In hash order, as `by_hash` is walked: one merge into the cold set.
+        let mut run = Vec::new();
+        self.by_hash.retain(|&h, slot| {
+            if slot.gen > durable_gen {
+                return true;
+            }
+            let mut subdirs = 0;
+            for (n, _) in slot.entries() {
+                match n.kind() {
+                    Some(k) => subdirs += u32::from(k == InodeKind::Dir),
+                    None => return true,
+                }
+            }
+            let names = slot.entries().len();
+            run.push(h);
+            p.cold_entries += names;
+            p.cold_subdirs += subdirs;
+            moved += names;
+            false
+        });
+        p.cold.extend_sorted(&run);
+        moved
+    }
+
+    /// Every resident entry (every entry unless `all_resident` says otherwise), in
+    /// cookie order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], u64)> + '_ {
         self.iter_after(0).map(|(_, n, i, _)| (n, i))
     }
@@ -274,8 +584,49 @@ impl Dir {
 
     /// Up to `max` entries after `cookie` (more only to finish a group of names sharing
     /// a cookie, which a resume could not split), each with its kind: as recorded, else
-    /// from `kind_of`.
+    /// from `kind_of`. `Cold`: the range of the page's cold groups, to read back first.
     pub fn page(
+        &self,
+        cookie: u64,
+        max: usize,
+        kind_of: impl Fn(u64) -> InodeKind,
+    ) -> Result<Vec<DirPageEntry>, Cold> {
+        if let Some(p) = self.partial.as_deref().filter(|p| !p.cold.is_empty()) {
+            // The page's groups are its first `max` hashes, resident or cold (a group
+            // holds at least one name); the cold ones among them come back first.
+            let after = (Bound::Excluded(cookie), Bound::Unbounded);
+            let mut res = self.by_hash.range(after).map(|(h, _)| *h).peekable();
+            let mut cold = cookie
+                .checked_add(1)
+                .map(|from| p.cold.range(from, u64::MAX))
+                .into_iter()
+                .flatten()
+                .peekable();
+            let mut range: Option<Cold> = None;
+            for _ in 0..max.max(1) {
+                let next_cold = match (res.peek(), cold.peek()) {
+                    (Some(r), Some(c)) => c < r,
+                    (None, Some(_)) => true,
+                    (_, None) => break,
+                };
+                if next_cold {
+                    let c = cold.next().expect("peeked");
+                    range = Some(Cold {
+                        from: range.map_or(c, |r| r.from),
+                        to: c,
+                    });
+                } else {
+                    res.next();
+                }
+            }
+            if let Some(r) = range {
+                return Err(r);
+            }
+        }
+        Ok(self.resident_page(cookie, max, kind_of))
+    }
+
+    fn resident_page(
         &self,
         cookie: u64,
         max: usize,
@@ -325,24 +676,28 @@ mod tests {
         assert_eq!(d.get_at(10, b"z"), None);
         let file = |_| InodeKind::File;
         // A page of 2 ends after x and the first of the group: the group is finished.
-        let p = d.page(0, 2, file);
+        let p = d.page(0, 2, file).expect("resident");
         assert_eq!(names(&p), [&b"x"[..], b"a", b"b", b"c"]);
         assert_eq!(
             p.iter().map(|e| e.cookie).collect::<Vec<_>>(),
             [5, 10, 10, 10]
         );
-        assert_eq!(names(&d.page(10, 2, file)), [&b"y"[..]]);
-        assert_eq!(d.remove_at(10, b"a"), Some(1));
-        assert_eq!(d.remove_at(10, b"a"), None);
-        assert_eq!(d.remove_at(10, b"c"), Some(3));
+        assert_eq!(names(&d.page(10, 2, file).expect("resident")), [&b"y"[..]]);
+        assert_eq!(d.remove_at(10, b"a", None), Some(1));
+        assert_eq!(d.remove_at(10, b"a", None), None);
+        assert_eq!(d.remove_at(10, b"c", None), Some(3));
+        assert_eq!(d.by_hash.get(&10), Some(&Slot::one(b"b", None, 4, 0)));
         assert_eq!(
-            d.by_hash.get(&10),
-            Some(&Slot::One((Name::new(b"b", None), 4)))
+            d.remove_at(10, b"q", None),
+            None,
+            "another name of the same hash"
         );
-        assert_eq!(d.remove_at(10, b"q"), None, "another name of the same hash");
-        assert_eq!(d.remove_at(10, b"b"), Some(4));
+        assert_eq!(d.remove_at(10, b"b", None), Some(4));
         assert_eq!(d.len(), 2);
-        assert_eq!(names(&d.page(0, 10, file)), [&b"x"[..], b"y"]);
+        assert_eq!(
+            names(&d.page(0, 10, file).expect("resident")),
+            [&b"x"[..], b"y"]
+        );
     }
 
     /// An entry keeps its inode's kind beside the name: a page reports it without
@@ -358,7 +713,12 @@ mod tests {
             asked.set(asked.get() + 1);
             InodeKind::Fifo
         };
-        let kinds: Vec<InodeKind> = d.page(0, 10, ask).iter().map(|e| e.kind).collect();
+        let kinds: Vec<InodeKind> = d
+            .page(0, 10, ask)
+            .expect("resident")
+            .iter()
+            .map(|e| e.kind)
+            .collect();
         assert_eq!(kinds, [InodeKind::Dir, InodeKind::Symlink, InodeKind::Fifo]);
         assert_eq!(asked.get(), 1, "only the entry without a kind asked");
         assert_eq!(d.entry_at(8, b"link"), Some((2, Some(InodeKind::Symlink))));
@@ -369,7 +729,8 @@ mod tests {
         d.insert_at(7, b"other", 5, Some(InodeKind::Dir));
         assert_eq!(d.entry_at(7, b"dir"), Some((4, Some(InodeKind::File))));
         assert_eq!(d.entry_at(7, b"other"), Some((5, Some(InodeKind::Dir))));
-        d.page(0, 10, |_| panic!("every kind is known"));
+        d.page(0, 10, |_| panic!("every kind is known"))
+            .expect("resident");
     }
 
     /// A link's insert: an absent name goes in (into a shared slot too), a present one
@@ -377,15 +738,263 @@ mod tests {
     #[test]
     fn insert_new_refuses_a_present_name_and_changes_nothing() {
         let mut d = Dir::new();
-        assert!(d.insert_new_at(10, b"a", 1, Some(InodeKind::File)));
-        assert!(!d.insert_new_at(10, b"a", 2, Some(InodeKind::Dir)));
+        assert_eq!(
+            d.insert_new_at(10, b"a", 1, Some(InodeKind::File), None),
+            Ok(true)
+        );
+        assert_eq!(
+            d.insert_new_at(10, b"a", 2, Some(InodeKind::Dir), None),
+            Ok(false)
+        );
         assert_eq!(d.entry_at(10, b"a"), Some((1, Some(InodeKind::File))));
         assert!(
-            d.insert_new_at(10, b"b", 3, None),
+            d.insert_new_at(10, b"b", 3, None, None) == Ok(true),
             "a collision joins the slot"
         );
-        assert!(!d.insert_new_at(10, b"b", 4, None));
+        assert_eq!(d.insert_new_at(10, b"b", 4, None, None), Ok(false));
         assert_eq!((d.get_at(10, b"a"), d.get_at(10, b"b")), (Some(1), Some(3)));
         assert_eq!(d.len(), 2);
+    }
+
+    /// The cold set against a `BTreeSet`: runs appended and merged, groups read back
+    /// (folded in once they pass a quarter of the array) and made cold again.
+    #[test]
+    fn the_cold_set_is_a_sorted_set() {
+        let mut c = ColdSet::default();
+        let mut model = std::collections::BTreeSet::new();
+        let all: Vec<u64> = (0..20_000u64).map(|i| i * 7 + 3).collect();
+        let (even, odd): (Vec<u64>, Vec<u64>) = all.iter().partition(|&&h| h % 2 == 0);
+        c.extend_sorted(&even[..even.len() / 2]);
+        c.extend_sorted(&even[even.len() / 2..]);
+        c.extend_sorted(&odd);
+        model.extend(all.iter().copied());
+        let check = |c: &ColdSet, model: &std::collections::BTreeSet<u64>| {
+            assert_eq!(
+                c.range(0, u64::MAX).collect::<Vec<_>>(),
+                model.iter().copied().collect::<Vec<_>>()
+            );
+            assert_eq!(
+                (c.first(), c.last()),
+                (model.first().copied(), model.last().copied())
+            );
+            assert_eq!(c.is_empty(), model.is_empty());
+            assert_eq!(
+                c.range(1000, 2000).collect::<Vec<_>>(),
+                model.range(1000..=2000).copied().collect::<Vec<_>>()
+            );
+        };
+        check(&c, &model);
+        for (i, &h) in all.iter().enumerate() {
+            if i % 3 == 0 {
+                assert!(c.remove(h));
+                assert!(!c.remove(h), "removed twice");
+                model.remove(&h);
+            }
+        }
+        assert!(
+            c.revived.len() < all.len() / 3,
+            "revived hashes were folded in"
+        );
+        check(&c, &model);
+        let back: Vec<u64> = all.iter().copied().step_by(6).collect();
+        c.extend_sorted(&back);
+        model.extend(back.iter().copied());
+        check(&c, &model);
+        for &h in &all {
+            assert_eq!(c.contains(h), model.contains(&h));
+            assert!(!c.contains(h + 1));
+        }
+    }
+
+    /// What a partial directory's caller does (`Meta::apply`, `Vol::faulting`): an
+    /// operation that meets a cold group reads it back from the "durable tree" (the
+    /// model as of the last checkpoint) and runs again.
+    mod partial {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Insert(u8, u64),
+            Remove(u8),
+            Lookup(u8),
+            /// A checkpoint closes a generation: the changes so far go out with it.
+            Close,
+            /// The last closed generation is durable; a shrink follows.
+            Durable,
+            Page(u64, usize),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (any::<u8>(), 1..1000u64).prop_map(|(n, i)| Op::Insert(n, i)),
+                2 => any::<u8>().prop_map(Op::Remove),
+                2 => any::<u8>().prop_map(Op::Lookup),
+                1 => Just(Op::Close),
+                1 => Just(Op::Durable),
+                1 => (any::<u64>(), 1..20usize).prop_map(|(c, m)| Op::Page(c, m)),
+            ]
+        }
+
+        fn name(n: u8) -> Vec<u8> {
+            format!("name-{n}").into_bytes()
+        }
+
+        /// A few hashes for 256 names: groups of several names are common here.
+        fn hash(n: &[u8], buckets: u64) -> u64 {
+            FIRST_COOKIE + name_hash(7, n) % buckets
+        }
+
+        struct Harness {
+            d: Dir,
+            model: BTreeMap<Vec<u8>, u64>,
+            durable: BTreeMap<Vec<u8>, u64>,
+            closed: Option<(BTreeMap<Vec<u8>, u64>, u64)>,
+            changed_since_close: usize,
+            gen: u64,
+            buckets: u64,
+            reads: usize,
+        }
+
+        impl Harness {
+            /// Read back the cold groups in `c` from the durable copy.
+            fn read(&mut self, c: Cold) {
+                self.reads += 1;
+                let mut groups: BTreeMap<u64, Vec<DirentRead>> = BTreeMap::new();
+                for (n, &i) in &self.durable {
+                    let h = hash(n, self.buckets);
+                    if (c.from..=c.to).contains(&h) {
+                        groups.entry(h).or_default().push(DirentRead {
+                            dir: 1,
+                            hash: h,
+                            name: n.clone(),
+                            ino: i,
+                            kind: Some(kind(i)),
+                        });
+                    }
+                }
+                for (h, g) in groups {
+                    self.d.install_group(h, &g);
+                }
+                assert_eq!(
+                    self.d.cold_in(c),
+                    None,
+                    "a cold group the durable copy lacks"
+                );
+            }
+
+            /// Run `f` until it meets no cold group, reading back what it met.
+            fn run<R>(&mut self, mut f: impl FnMut(&mut Dir) -> Result<R, Cold>) -> R {
+                for _ in 0..3 {
+                    match f(&mut self.d) {
+                        Ok(r) => return r,
+                        Err(c) => self.read(c),
+                    }
+                }
+                panic!("an operation met cold groups after reading them back");
+            }
+        }
+
+        /// Odd inodes name directories: cold groups count them.
+        fn kind(ino: u64) -> InodeKind {
+            if ino % 2 == 1 {
+                InodeKind::Dir
+            } else {
+                InodeKind::File
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+            /// Against a map, with checkpoints sending clean groups cold between the
+            /// operations: every answer, the count and the subdirectory count are the
+            /// map's; a page of readdir lists the map's entries in order; nothing is
+            /// read back for a name whose hash no group has.
+            #[test]
+            fn a_partial_dir_behaves_as_the_map(
+                ops in prop::collection::vec(op(), 0..400),
+                buckets in prop_oneof![Just(16u64), Just(1u64 << 40)],
+            ) {
+                let mut h = Harness {
+                    d: Dir::new(),
+                    model: BTreeMap::new(),
+                    durable: BTreeMap::new(),
+                    closed: None,
+                    changed_since_close: 0,
+                    gen: 1,
+                    buckets,
+                    reads: 0,
+                };
+                for o in ops {
+                    match o {
+                        Op::Insert(n, i) => {
+                            let nm = name(n);
+                            let hs = hash(&nm, buckets);
+                            let gen = h.gen;
+                            let reads = h.reads;
+                            let cold_before = h.d.cold_in(Cold { from: hs, to: hs }).is_some();
+                            let fresh = h.run(|d| d.insert_new_at(hs, &nm, i, Some(kind(i)), Some(gen)));
+                            prop_assert_eq!(fresh, !h.model.contains_key(&nm));
+                            prop_assert_eq!(h.reads > reads, cold_before, "read only for a cold group");
+                            if fresh {
+                                h.model.insert(nm, i);
+                                h.changed_since_close += 1;
+                            }
+                        }
+                        Op::Remove(n) => {
+                            let nm = name(n);
+                            let hs = hash(&nm, buckets);
+                            let gen = h.gen;
+                            let found = h.run(|d| d.lookup_at(hs, &nm));
+                            prop_assert_eq!(found.map(|e| e.0), h.model.get(&nm).copied());
+                            if found.is_some() {
+                                h.changed_since_close += 1;
+                                prop_assert_eq!(h.d.remove_at(hs, &nm, Some(gen)), h.model.remove(&nm));
+                            }
+                        }
+                        Op::Lookup(n) => {
+                            let nm = name(n);
+                            let hs = hash(&nm, buckets);
+                            let found = h.run(|d| d.lookup_at(hs, &nm));
+                            prop_assert_eq!(
+                                found,
+                                h.model.get(&nm).map(|&i| (i, Some(kind(i))))
+                            );
+                        }
+                        Op::Close => {
+                            h.closed = Some((h.model.clone(), h.gen));
+                            h.changed_since_close = 0;
+                            h.gen += 1;
+                        }
+                        Op::Durable => {
+                            if let Some((image, gen)) = h.closed.take() {
+                                h.durable = image;
+                                h.d.shrink(gen);
+                                if h.changed_since_close == 0 {
+                                    prop_assert_eq!(h.d.resident_len(), 0, "all was durable");
+                                }
+                            }
+                        }
+                        Op::Page(cookie, max) => {
+                            let page = h.run(|d| d.page(cookie, max, |_| unreachable!()));
+                            let mut want: Vec<(u64, Vec<u8>, u64)> = h.model
+                                .iter()
+                                .map(|(n, &i)| (hash(n, buckets), n.clone(), i))
+                                .filter(|e| e.0 > cookie)
+                                .collect();
+                            want.sort();
+                            let got: Vec<(u64, Vec<u8>, u64)> =
+                                page.iter().map(|e| (e.cookie, e.name.clone(), e.ino)).collect();
+                            prop_assert!(got.len() >= max.min(want.len()));
+                            prop_assert_eq!(&got[..], &want[..got.len()]);
+                        }
+                    }
+                    prop_assert_eq!(h.d.len(), h.model.len());
+                    let subdirs = h.model.values().filter(|&&i| kind(i) == InodeKind::Dir).count();
+                    prop_assert_eq!(h.d.subdirs(), Some(subdirs as u32));
+                }
+            }
+        }
     }
 }

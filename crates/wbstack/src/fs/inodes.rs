@@ -21,7 +21,9 @@
 //! only the root stays.
 
 use super::cowcapture::PendingCapture;
+use super::dir::Cold;
 use super::error::FsError;
+use super::format::InodeKind;
 use super::meta::{Inode, MetaError, ROOT_INO};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::RefCell;
@@ -38,6 +40,33 @@ pub trait InodeSource: Send + Sync {
 
     /// Every inode the last durable checkpoint holds.
     fn read_all(&self) -> Read;
+
+    /// The entries of each directory with hashes in each range asked, as the last
+    /// durable checkpoint holds them (`fs::dir`'s cold groups), in key order.
+    fn read_dirents(&self, asked: &[DirMiss]) -> DirentsRead;
+}
+
+/// A directory's cold groups an operation met: hashes `cold.from..=cold.to` of `dir`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DirMiss {
+    pub dir: u64,
+    pub cold: Cold,
+}
+
+/// One directory entry read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirentRead {
+    pub dir: u64,
+    pub hash: u64,
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub kind: Option<InodeKind>,
+}
+
+/// What `InodeSource::read_dirents` read, from the root of durable generation `gen`.
+pub struct DirentsRead {
+    pub gen: u64,
+    pub entries: Result<Vec<DirentRead>, FsError>,
 }
 
 /// What an `InodeSource` read, from the root of durable generation `gen`.
@@ -59,6 +88,12 @@ pub struct MetaCacheStats {
     pub resident: u64,
     /// Of them, changed since the last durable checkpoint (never dropped).
     pub changed: u64,
+    /// Groups of directory entries read back from the tree (`fs::dir`: cold groups).
+    pub dirent_faults: u64,
+    /// Directory entries whose names left memory (their groups went cold).
+    pub dirents_shrunk: u64,
+    /// Directory entries whose names are in memory now, of every directory in memory.
+    pub dirents_resident: u64,
 }
 
 thread_local! {
@@ -66,7 +101,21 @@ thread_local! {
     /// `take_misses`: per thread, as each operation reads back its own (another's
     /// failing operation must not take them).
     static MISSES: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// The cold directory groups this thread met, as `MISSES` its inodes.
+    static DIR_MISSES: RefCell<Vec<DirMiss>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Note that this thread's operation met cold groups of a directory; the error to
+/// return (the operation's entry point reads them back and runs it again).
+pub fn note_dir_miss(dir: u64, cold: Cold) -> MetaError {
+    DIR_MISSES.with(|m| m.borrow_mut().push(DirMiss { dir, cold }));
+    MetaError(format!("directory {dir}: entries not in memory"))
+}
+
+/// Groups read back (`Inodes::install_dirents`) before another shrink pass is due
+/// without a checkpoint: a walk of cold directories (readdir, lookups) keeps about
+/// this many names in memory between checkpoints.
+const SHRINK_AFTER_GROUPS: usize = 65536;
 
 /// Numbers of inodes found gone remembered, at most.
 const ABSENT_MAX: usize = 65536;
@@ -110,6 +159,15 @@ pub struct Inodes {
     /// inodes in memory). Until a checkpoint makes more clean or a batch more came in,
     /// another pass would meet the same inodes it kept.
     rest: (u64, usize),
+    /// The durable generation of the last pass that sent clean directory groups cold
+    /// (`shrink_dirs`), and the groups read back since.
+    shrunk_at: u64,
+    groups_in: usize,
+    /// Directory entries sent cold, and groups read back.
+    entries_shrunk: u64,
+    dirent_faults: u64,
+    /// Holders keeping every group resident (`hold_dirs`).
+    dirs_held: u32,
     /// The closed generation a checkpoint is copying out (`fs::cowcapture`): its
     /// inodes are copied before their first change.
     pending: Option<Box<PendingCapture>>,
@@ -130,6 +188,11 @@ impl Clone for Inodes {
             faults: self.faults,
             evictions: self.evictions,
             rest: self.rest,
+            shrunk_at: self.shrunk_at,
+            groups_in: self.groups_in,
+            entries_shrunk: self.entries_shrunk,
+            dirent_faults: self.dirent_faults,
+            dirs_held: self.dirs_held,
             // A copy is no checkpoint's source.
             pending: None,
         }
@@ -162,6 +225,11 @@ impl Inodes {
             faults: 0,
             evictions: 0,
             rest: (0, 0),
+            shrunk_at: 0,
+            groups_in: 0,
+            entries_shrunk: 0,
+            dirent_faults: 0,
+            dirs_held: 0,
             pending: None,
         }
     }
@@ -240,13 +308,106 @@ impl Inodes {
         m
     }
 
+    /// The cold directory groups missed since the last call, once each.
+    pub fn take_dir_misses(&mut self) -> Vec<DirMiss> {
+        let mut m = DIR_MISSES.with(|m| std::mem::take(&mut *m.borrow_mut()));
+        m.sort_unstable();
+        m.dedup();
+        m
+    }
+
     /// Forget the misses noted so far (a caller about to ask whether it met any).
     pub fn clear_misses(&self) {
         MISSES.with(|m| m.borrow_mut().clear());
+        DIR_MISSES.with(|m| m.borrow_mut().clear());
     }
 
     pub fn has_misses(&self) -> bool {
-        MISSES.with(|m| !m.borrow().is_empty())
+        MISSES.with(|m| !m.borrow().is_empty()) || DIR_MISSES.with(|m| !m.borrow().is_empty())
+    }
+
+    /// The generation a change made now is stamped with; none where nothing is
+    /// dropped (a directory's groups then never go cold).
+    pub fn stamp(&self) -> Option<u64> {
+        self.source.is_some().then_some(self.gen)
+    }
+
+    /// Install the directory groups `read` read back for `asked`, unless the durable
+    /// generation moved on since (then false: read again). A group no longer cold
+    /// (read back by another, or changed since) is left as memory has it, and so is a
+    /// directory no longer in memory (its next use reads it back).
+    pub fn install_dirents(
+        &mut self,
+        read: DirentsRead,
+        asked: &[DirMiss],
+    ) -> Result<bool, FsError> {
+        if read.gen != self.durable_gen {
+            return Ok(false);
+        }
+        let found = read.entries?;
+        let mut at = 0;
+        while at < found.len() {
+            let (dir, hash) = (found[at].dir, found[at].hash);
+            let n = found[at..]
+                .iter()
+                .take_while(|e| (e.dir, e.hash) == (dir, hash))
+                .count();
+            let group = &found[at..at + n];
+            at += n;
+            if let Some(d) = self.map.get_mut(&dir) {
+                if d.entries.install_group(hash, group) {
+                    self.groups_in += 1;
+                    self.dirent_faults += 1;
+                }
+            }
+        }
+        // A cold group the tree does not hold: the tree lost entries the directory
+        // counts (`Dir::add_cold` took them from that same root).
+        for m in asked {
+            if let Some(h) = self.map.get(&m.dir).and_then(|d| d.entries.cold_in(m.cold)) {
+                return Err(FsError::Corrupt(format!(
+                    "directory {}: the entries of hash {h:#x} are missing from the metadata tree",
+                    m.dir
+                )));
+            }
+        }
+        Ok(true)
+    }
+
+    /// While held (counts: holders nest), no group goes cold (`shrink_dirs`).
+    pub fn hold_dirs(&mut self, hold: bool) {
+        if hold {
+            self.dirs_held += 1;
+        } else {
+            debug_assert!(self.dirs_held > 0, "directories released but not held");
+            self.dirs_held -= 1;
+        }
+    }
+
+    /// Send the clean groups of every directory in memory cold (`Dir::shrink`), once
+    /// a checkpoint made more changes durable since the last pass or enough groups
+    /// were read back; none unless the cache is lazy. Returns the entries sent cold.
+    pub fn shrink_dirs(&mut self) -> usize {
+        if self.source.is_none()
+            || self.dirs_held > 0
+            || (self.shrunk_at == self.durable_gen && self.groups_in < SHRINK_AFTER_GROUPS)
+        {
+            return 0;
+        }
+        self.shrunk_at = self.durable_gen;
+        self.groups_in = 0;
+        let d = self.durable_gen;
+        // No `note_changed`: the entries stay what they are, only where their names
+        // are kept changes, and every group a capture in progress reads is stamped
+        // later than `d`, so resident.
+        let moved: usize = self
+            .map
+            .values_mut()
+            .filter(|i| i.is_dir())
+            .map(|i| i.entries.shrink(d))
+            .sum();
+        self.entries_shrunk += moved as u64;
+        moved
     }
 
     pub fn source(&self) -> Option<Arc<dyn InodeSource>> {
@@ -460,6 +621,13 @@ impl Inodes {
             evictions: self.evictions,
             resident: self.map.len() as u64,
             changed: self.changed.len() as u64,
+            dirent_faults: self.dirent_faults,
+            dirents_shrunk: self.entries_shrunk,
+            dirents_resident: self
+                .map
+                .values()
+                .map(|i| i.entries.resident_len() as u64)
+                .sum(),
         }
     }
 }

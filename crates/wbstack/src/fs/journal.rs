@@ -383,14 +383,26 @@ fn apply_at_mount(
     mode: ApplyMode,
 ) -> FsResult<Result<(), MetaError>> {
     meta.take_misses();
+    meta.take_dir_misses();
     loop {
         let r = meta.apply(rec, mode);
         let missed = meta.take_misses();
-        let (Err(_), false, Some(src)) = (&r, missed.is_empty(), meta.source()) else {
+        let dirs_missed = meta.take_dir_misses();
+        let (Err(_), false, Some(src)) = (
+            &r,
+            missed.is_empty() && dirs_missed.is_empty(),
+            meta.source(),
+        ) else {
             return Ok(r);
         };
-        // Each round installs what it missed (or finds it gone): it ends.
-        if !meta.install(src.read_inodes(&missed), Some(&missed))? {
+        // Each round installs what it missed (or finds it gone): it ends. Inodes
+        // first: a directory's groups go into the directory read back.
+        let moved = if !missed.is_empty() {
+            !meta.install(src.read_inodes(&missed), Some(&missed))?
+        } else {
+            !meta.install_dirents(src.read_dirents(&dirs_missed), &dirs_missed)?
+        };
+        if moved {
             return Err(FsError::Corrupt(
                 "the durable root moved during mount".into(),
             ));

@@ -580,6 +580,45 @@ impl Meta {
         self.inodes.clear_misses();
     }
 
+    /// The cold directory groups missed since the last call (`fs::dir`).
+    pub fn take_dir_misses(&mut self) -> Vec<super::inodes::DirMiss> {
+        self.inodes.take_dir_misses()
+    }
+
+    /// Install directory groups read back; false if the durable root moved on since.
+    pub fn install_dirents(
+        &mut self,
+        read: super::inodes::DirentsRead,
+        asked: &[super::inodes::DirMiss],
+    ) -> Result<bool, super::error::FsError> {
+        self.inodes.install_dirents(read, asked)
+    }
+
+    /// Keep every directory's resident groups resident (a walk of every entry), or
+    /// let them go cold again.
+    pub fn hold_dirs(&mut self, hold: bool) {
+        self.inodes.hold_dirs(hold);
+    }
+
+    /// Every directory in memory with cold groups, each with its whole range of hashes.
+    pub fn cold_dirs(&self) -> Vec<super::inodes::DirMiss> {
+        self.inodes
+            .all_resident()
+            .iter()
+            .filter_map(|(&dir, i)| {
+                i.entries
+                    .all_resident()
+                    .err()
+                    .map(|cold| super::inodes::DirMiss { dir, cold })
+            })
+            .collect()
+    }
+
+    /// Send directories' clean groups of entries cold, when due (`Inodes::shrink_dirs`).
+    pub fn shrink_dirs(&mut self) -> usize {
+        self.inodes.shrink_dirs()
+    }
+
     pub fn has_misses(&self) -> bool {
         self.inodes.has_misses()
     }
@@ -742,6 +781,7 @@ impl Meta {
                     return bad(format!("link to inode {ino}, whose link count is full"));
                 }
                 let h = name_hash(self.name_seed, name);
+                let stamp = self.inodes.stamp();
                 let p = self.get_mut(*parent)?;
                 if !p.is_dir() {
                     return bad(format!(
@@ -750,11 +790,20 @@ impl Meta {
                 }
                 // Checked and inserted in one walk of the directory (every create
                 // comes here: the check's own walk was a sixth of the create's hold).
-                if !p.entries.insert_new_at(h, name, *ino, Some(child_kind)) {
-                    return bad(format!(
-                        "link of {:?} into directory {parent}: the name exists",
-                        String::from_utf8_lossy(name)
-                    ));
+                match p
+                    .entries
+                    .insert_new_at(h, name, *ino, Some(child_kind), stamp)
+                {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return bad(format!(
+                            "link of {:?} into directory {parent}: the name exists",
+                            String::from_utf8_lossy(name)
+                        ))
+                    }
+                    // Replay (a live operation looked the name up first, which read
+                    // its group back): nothing changed yet, read it and apply again.
+                    Err(cold) => return Err(super::inodes::note_dir_miss(*parent, cold)),
                 }
                 p.subdirs += u32::from(child_is_dir);
                 let c = self.get_mut(*ino)?;
@@ -767,7 +816,11 @@ impl Meta {
             Record::Unlink { parent, name, ino } => {
                 let p = self.get(*parent)?;
                 let h = name_hash(self.name_seed, name);
-                if p.entries.get_at(h, name) != Some(*ino) {
+                let found = p
+                    .entries
+                    .lookup_at(h, name)
+                    .map_err(|cold| super::inodes::note_dir_miss(*parent, cold))?;
+                if found.map(|e| e.0) != Some(*ino) {
                     return bad(format!(
                         "unlink of {:?} from directory {parent}: it does not name inode {ino}",
                         String::from_utf8_lossy(name)
@@ -777,8 +830,9 @@ impl Meta {
                     return bad(format!("unlink of inode {ino} with no links"));
                 }
                 let child_is_dir = self.get(*ino)?.is_dir();
+                let stamp = self.inodes.stamp();
                 let p = self.get_mut(*parent)?;
-                p.entries.remove_at(h, name);
+                p.entries.remove_at(h, name, stamp);
                 p.subdirs -= u32::from(child_is_dir);
                 let c = self.get_mut(*ino)?;
                 c.links -= 1;
@@ -1600,10 +1654,8 @@ fn read_back_sound(space: &FreeSpace, ino: u64, i: &Inode) -> Result<(), super::
         file_end = fend;
     }
     // Kinds are recorded with every entry from format 5 on, the only format read back.
-    let kinds: Option<Vec<InodeKind>> = i.entries.iter_kinds().map(|(_, _, k)| k).collect();
-    if let (true, Some(kinds)) = (i.is_dir(), kinds) {
-        let dirs = kinds.iter().filter(|&&k| k == InodeKind::Dir).count();
-        if u32::try_from(dirs).ok() != Some(i.subdirs) {
+    if let (true, Some(dirs)) = (i.is_dir(), i.entries.subdirs()) {
+        if dirs != i.subdirs {
             return bad(format!(
                 "{} subdirectories counted, {dirs} listed",
                 i.subdirs

@@ -21,7 +21,9 @@
 
 use super::alloc::FreeSpace;
 use super::btree::{ChildPtr, NodeStore, Root, Tree, TreeError, TreeResult};
+use super::dir::Cold;
 use super::format::{InodeKind, XATTR_SIZE_MAX};
+use super::inodes::DirentRead;
 use super::meta::{valid_name, Changes, Inode, Meta, MetaError, ROOT_INO, TARGET_MAX};
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
@@ -378,6 +380,16 @@ impl Captured {
         }
         for (_, name) in of_inode(&ch.dirents, &mut at.dirents, ino, |d| d.0) {
             let hash = name_hash(seed, name);
+            debug_assert!(
+                i.is_none_or(|d| d
+                    .entries
+                    .cold_in(Cold {
+                        from: hash,
+                        to: hash
+                    })
+                    .is_none()),
+                "a changed entry of directory {ino} in a cold group"
+            );
             let value = i
                 .and_then(|d| d.entries.entry_at(hash, name))
                 .map(|(ino, kind)| Named { ino, kind });
@@ -888,8 +900,14 @@ impl Parts {
         Ok(())
     }
 
-    /// Every inode with its extents, entries, target and attributes in place.
-    fn into_inodes(mut self, seed: u64) -> Result<FxHashMap<u64, Box<Inode>>, LoadError> {
+    /// Every inode with its extents, entries, target and attributes in place; with
+    /// `cold`, directories' groups of entries whose kinds are all recorded go in cold
+    /// (`fs::dir`: a lazy volume's read back keeps their hashes, not their names).
+    fn into_inodes(
+        mut self,
+        seed: u64,
+        cold: bool,
+    ) -> Result<FxHashMap<u64, Box<Inode>>, LoadError> {
         let orphan_of = |ino: u64| format!("inode {ino}, which does not exist");
         let inodes = &mut self.inodes;
         for (ino, fb, s, l) in self.extents {
@@ -898,15 +916,34 @@ impl Parts {
                 .ok_or_else(|| corrupt(format!("an extent of {}", orphan_of(ino))))?;
             i.extents.insert(fb, (s, l));
         }
-        for (dir, name, Named { ino: c, kind }) in self.entries {
+        let mut at = 0;
+        while at < self.entries.len() {
+            let dir = self.entries[at].0;
+            let h = name_hash(seed, &self.entries[at].1);
+            // Keys sort by directory, then hash: a group is a run.
+            let n = self.entries[at..]
+                .iter()
+                .take_while(|e| e.0 == dir && name_hash(seed, &e.1) == h)
+                .count();
+            let group = &self.entries[at..at + n];
+            at += n;
             let d = inodes
                 .get_mut(&dir)
                 .ok_or_else(|| corrupt(format!("an entry of {}", orphan_of(dir))))?;
-            let h = name_hash(seed, &name);
-            if d.entries.insert_at(h, &name, c, kind).is_some() {
-                return Err(corrupt(format!(
-                    "directory {dir} holds the same name twice"
-                )));
+            if cold && group.iter().all(|e| e.2.kind.is_some()) {
+                let subdirs = group
+                    .iter()
+                    .filter(|e| e.2.kind == Some(InodeKind::Dir))
+                    .count() as u32;
+                d.entries.add_cold(h, n, subdirs);
+                continue;
+            }
+            for (_, name, Named { ino: c, kind }) in group {
+                if d.entries.insert_at(h, name, *c, *kind).is_some() {
+                    return Err(corrupt(format!(
+                        "directory {dir} holds the same name twice"
+                    )));
+                }
             }
         }
         for (ino, t) in self.targets {
@@ -970,7 +1007,7 @@ pub fn load(
         .next_ino
         .ok_or_else(|| corrupt("no filesystem record".into()))?;
     let orphans = std::mem::take(&mut parts.orphans);
-    let mut inodes = parts.into_inodes(seed)?;
+    let mut inodes = parts.into_inodes(seed, false)?;
     if !inodes.contains_key(&ROOT_INO) {
         return Err(corrupt("the root directory is missing".into()));
     }
@@ -1050,7 +1087,7 @@ pub fn load_inode(
         }
         None => Parts::scan(tree, store, seed, Bound::Included(&from), Bound::Unbounded)?,
     };
-    let mut inodes = parts.into_inodes(seed)?;
+    let mut inodes = parts.into_inodes(seed, true)?;
     Ok(inodes.remove(&ino).map(|b| *b))
 }
 
@@ -1062,9 +1099,55 @@ pub fn load_files(
 ) -> Result<Vec<(u64, Inode)>, LoadError> {
     let parts = Parts::scan_spaces(tree, store, seed, INODE_SPACE..ORPHAN_SPACE)?;
     Ok(parts
-        .into_inodes(seed)?
+        .into_inodes(seed, true)?
         .into_iter()
         .map(|(ino, i)| (ino, *i))
+        .collect())
+}
+
+/// The entries of directory `dir` whose hashes are in `from..=to`, in key order (a
+/// lazy volume's cold groups: `fs::dir`).
+pub fn load_dirents(
+    tree: &Tree,
+    store: &dyn NodeStore,
+    seed: u64,
+    dir: u64,
+    from: u64,
+    to: u64,
+) -> Result<Vec<DirentRead>, LoadError> {
+    let lo = dirent_key_hashed(dir, from, &[]);
+    let parts = match to.checked_add(1) {
+        Some(next) => {
+            let hi = dirent_key_hashed(dir, next, &[]);
+            Parts::scan(
+                tree,
+                store,
+                seed,
+                Bound::Included(&lo),
+                Bound::Excluded(&hi),
+            )?
+        }
+        None => {
+            let hi = inode_prefix(dir, DIRENT + 1);
+            Parts::scan(
+                tree,
+                store,
+                seed,
+                Bound::Included(&lo),
+                Bound::Excluded(&hi),
+            )?
+        }
+    };
+    Ok(parts
+        .entries
+        .into_iter()
+        .map(|(d, name, Named { ino, kind })| DirentRead {
+            dir: d,
+            hash: name_hash(seed, &name),
+            name,
+            ino,
+            kind,
+        })
         .collect())
 }
 

@@ -296,7 +296,11 @@ impl Volume {
         self.vol.faulting(|| {
             let st = self.vol.st.lock();
             st.meta.clear_misses();
-            let page = st.dir(ino)?.entries.page(cookie, max, |c| st.kind_of(c));
+            let page = st
+                .dir(ino)?
+                .entries
+                .page(cookie, max, |c| st.kind_of(c))
+                .map_err(|cold| super::inodes::note_dir_miss(ino, cold))?;
             st.missed()?;
             Ok(page)
         })

@@ -11,6 +11,7 @@
 
 use super::error::{FsError, FsResult};
 use super::format::{InodeKind, Record, Records, Superblock, BLOCK_SIZE};
+use super::inodes::DirMiss;
 use super::meta::{valid_name, ApplyMode, Inode, Meta, NAME_MAX, ROOT_INO, TARGET_MAX};
 use super::namei::{components, Resolved, MAX_SYMLINKS};
 use crate::block::{BlkError, BlkResult, RequestQueue};
@@ -400,6 +401,10 @@ pub struct JournalStats {
 /// an operation that walks many inodes meets them one at a time.
 const FAULT_RETRIES: usize = 4096;
 
+/// Times one range of a directory's cold groups is read back for one operation, at
+/// most (`Vol::faulting`).
+const GROUP_REREADS: u32 = 8;
+
 /// What the inode cache holds (`Volume::inode_cache_stats`), and the metadata tree's
 /// node cache beside it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -422,6 +427,13 @@ pub struct InodeCacheStats {
     pub inodes_read_back: u64,
     /// Clean inodes dropped from memory since mount.
     pub inodes_dropped: u64,
+    /// Directory entries whose names are in memory, groups of them read back from the
+    /// tree since mount, and entries whose names left memory since mount (`fs::dir`:
+    /// a directory keeps only the hashes of entries unchanged since the durable
+    /// checkpoint).
+    pub dirents_resident: u64,
+    pub dirent_groups_read_back: u64,
+    pub dirents_dropped: u64,
     /// Bytes of tree nodes cached (limit: `node_cache`), and the node lookups it
     /// answered and missed since mount (0 on format 3: no tree).
     pub node_cache_bytes: u64,
@@ -957,7 +969,10 @@ impl State {
         Ok(match name {
             b"." => Some(dir),
             b".." => Some(d.parent.max(ROOT_INO)),
-            _ => d.entries.get(self.meta.name_seed, name),
+            _ => d
+                .entries
+                .get(self.meta.name_seed, name)
+                .map_err(|cold| super::inodes::note_dir_miss(dir, cold))?,
         })
     }
 
@@ -1265,30 +1280,64 @@ impl Vol {
         let mut tries = 0;
         // What was read back stays in memory until the operation ran again.
         let mut pinned: Vec<u64> = Vec::new();
+        // Directory groups read back, and how often: they are not pinned, so a shrink
+        // pass between the read and the rerun (rare: once per checkpoint) can send one
+        // cold again; a few repeats are progress, endless ones are not.
+        let mut groups_read: FxHashMap<DirMiss, u32> = FxHashMap::default();
         let r = loop {
             let r = op();
             if r.is_ok() {
                 break r;
             }
-            let misses = self.st.lock().meta.take_misses();
+            let (misses, dir_misses) = {
+                let mut st = self.st.lock();
+                (st.meta.take_misses(), st.meta.take_dir_misses())
+            };
             // Each rerun that misses only inodes not read back yet made progress (an
             // operation may meet its inodes one at a time); one that misses an inode
             // read back and pinned already is not going to do better.
-            let progress = misses.iter().any(|m| !pinned.contains(m));
-            if misses.is_empty() || !progress || tries == FAULT_RETRIES {
+            let progress = misses.iter().any(|m| !pinned.contains(m))
+                || dir_misses
+                    .iter()
+                    .any(|m| groups_read.get(m).is_none_or(|&n| n < GROUP_REREADS));
+            if (misses.is_empty() && dir_misses.is_empty()) || !progress || tries == FAULT_RETRIES {
                 break r;
             }
             tries += 1;
-            if let Err(e) = self.read_back(Some(&misses), true) {
+            if !misses.is_empty() {
+                let read = self.read_back(Some(&misses), true);
                 pinned.extend(misses);
-                break Err(e);
+                if let Err(e) = read {
+                    break Err(e);
+                }
             }
-            pinned.extend(misses);
+            if !dir_misses.is_empty() {
+                if let Err(e) = self.read_back_dirents(&dir_misses) {
+                    break Err(e);
+                }
+                for m in dir_misses {
+                    *groups_read.entry(m).or_default() += 1;
+                }
+            }
         };
         if !pinned.is_empty() {
             self.st.lock().meta.unpin(&pinned);
         }
         r
+    }
+
+    /// Read directories' cold groups back into memory, without `st` (`fs::dir`).
+    pub(super) fn read_back_dirents(&self, asked: &[DirMiss]) -> FsResult<()> {
+        let Some(src) = self.st.lock().meta.source() else {
+            return Ok(());
+        };
+        loop {
+            let read = src.read_dirents(asked);
+            if self.st.lock().meta.install_dirents(read, asked)? {
+                return Ok(());
+            }
+            // A new root became durable during the read: read from it.
+        }
     }
 
     /// Read inodes back into memory (every one for None), without `st`; with `pin`,
@@ -1320,6 +1369,7 @@ impl Vol {
     /// Drop clean inodes from memory past the inode cache's limit (`fs::inodes`): those
     /// without a mapping or per-inode state, unchanged since the durable checkpoint.
     pub(super) fn prune_meta(&self, st: &mut State) {
+        st.meta.shrink_dirs();
         // Every open, close and commit comes here: nothing more unless there is work.
         if !st.meta.wants_evict(self.icache_gauge.limit()) {
             return;
@@ -2197,6 +2247,9 @@ impl Volume {
             if !d.is_dir() {
                 return Err(FsError::NotDir(path.to_string()));
             }
+            d.entries
+                .all_resident()
+                .map_err(|cold| super::inodes::note_dir_miss(ino, cold))?;
             st.meta.clear_misses();
             let mut all: Vec<DirEntry> = d
                 .entries
@@ -2311,6 +2364,9 @@ impl Volume {
             inodes_resident: m.resident,
             inodes_read_back: m.faults,
             inodes_dropped: m.evictions,
+            dirents_resident: m.dirents_resident,
+            dirent_groups_read_back: m.dirent_faults,
+            dirents_dropped: m.dirents_shrunk,
             node_cache_bytes: nodes.cached_bytes,
             node_cache_hits: nodes.hits,
             node_cache_misses: nodes.misses,
@@ -2421,21 +2477,33 @@ impl Volume {
             Some(Err(e)) => return vec![format!("the metadata tree: {e}")],
             None => None,
         };
-        // A walk of every inode: those not in memory are read back first (a prune may
-        // drop some again before `st` is taken: then once more).
-        for _ in 0..8 {
-            if let Err(e) = self.vol.read_back(None, false) {
-                return vec![format!("reading the inodes back: {e}")];
+        // A walk of every inode and entry: those not in memory are read back first (a
+        // prune may drop some again before `st` is taken: then once more). Groups of
+        // entries stay resident meanwhile (`Meta::hold_dirs`).
+        self.vol.st.lock().meta.hold_dirs(true);
+        let r = (|| {
+            for _ in 0..8 {
+                if let Err(e) = self.vol.read_back(None, false) {
+                    return vec![format!("reading the inodes back: {e}")];
+                }
+                let cold = self.vol.st.lock().meta.cold_dirs();
+                if let Err(e) = self.vol.read_back_dirents(&cold) {
+                    return vec![format!("reading directories back: {e}")];
+                }
+                let mut st = self.vol.st.lock();
+                if st.meta.resident_inodes().len() as u64 == st.meta.nr_inodes()
+                    && st.meta.cold_dirs().is_empty()
+                {
+                    return match &nodes {
+                        Some(b) if !st.meta.tree_blocks_known => st.meta.check_with_nodes(b),
+                        _ => st.meta.check(),
+                    };
+                }
             }
-            let mut st = self.vol.st.lock();
-            if st.meta.resident_inodes().len() as u64 == st.meta.nr_inodes() {
-                return match &nodes {
-                    Some(b) if !st.meta.tree_blocks_known => st.meta.check_with_nodes(b),
-                    _ => st.meta.check(),
-                };
-            }
-        }
-        vec!["inodes kept leaving memory while they were read back for the check".into()]
+            vec!["inodes kept leaving memory while they were read back for the check".into()]
+        })();
+        self.vol.st.lock().meta.hold_dirs(false);
+        r
     }
 }
 
