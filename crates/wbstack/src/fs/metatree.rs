@@ -798,6 +798,18 @@ impl Parts {
     }
 
     /// The keys of the key spaces (first bytes) `spaces`.
+    /// The keys from `from` up to `to` (excluded; none: the end).
+    fn scan_from(
+        tree: &Tree,
+        store: &dyn NodeStore,
+        seed: u64,
+        from: &[u8],
+        to: Option<&[u8]>,
+    ) -> Result<Parts, LoadError> {
+        let to = to.map_or(Bound::Unbounded, Bound::Excluded);
+        Parts::scan(tree, store, seed, Bound::Included(from), to)
+    }
+
     fn scan_spaces(
         tree: &Tree,
         store: &dyn NodeStore,
@@ -1074,19 +1086,10 @@ pub fn load_inode(
     ino: u64,
 ) -> Result<Option<Inode>, LoadError> {
     let from = inode_prefix(ino, CORE)[..9].to_vec();
-    let parts = match ino.checked_add(1) {
-        Some(next) => {
-            let to = inode_prefix(next, CORE)[..9].to_vec();
-            Parts::scan(
-                tree,
-                store,
-                seed,
-                Bound::Included(&from),
-                Bound::Excluded(&to),
-            )?
-        }
-        None => Parts::scan(tree, store, seed, Bound::Included(&from), Bound::Unbounded)?,
-    };
+    let to = ino
+        .checked_add(1)
+        .map(|next| inode_prefix(next, CORE)[..9].to_vec());
+    let parts = Parts::scan_from(tree, store, seed, &from, to.as_deref())?;
     let mut inodes = parts.into_inodes(seed, true)?;
     Ok(inodes.remove(&ino).map(|b| *b))
 }
@@ -1116,28 +1119,11 @@ pub fn load_dirents(
     to: u64,
 ) -> Result<Vec<DirentRead>, LoadError> {
     let lo = dirent_key_hashed(dir, from, &[]);
-    let parts = match to.checked_add(1) {
-        Some(next) => {
-            let hi = dirent_key_hashed(dir, next, &[]);
-            Parts::scan(
-                tree,
-                store,
-                seed,
-                Bound::Included(&lo),
-                Bound::Excluded(&hi),
-            )?
-        }
-        None => {
-            let hi = inode_prefix(dir, DIRENT + 1);
-            Parts::scan(
-                tree,
-                store,
-                seed,
-                Bound::Included(&lo),
-                Bound::Excluded(&hi),
-            )?
-        }
+    let hi = match to.checked_add(1) {
+        Some(next) => dirent_key_hashed(dir, next, &[]),
+        None => inode_prefix(dir, DIRENT + 1),
     };
+    let parts = Parts::scan_from(tree, store, seed, &lo, Some(&hi))?;
     Ok(parts
         .entries
         .into_iter()
