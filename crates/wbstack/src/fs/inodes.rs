@@ -114,8 +114,8 @@ pub fn note_dir_miss(dir: u64, cold: Cold) -> MetaError {
 
 /// Groups read back (`Inodes::install_dirents`) before another shrink pass is due
 /// without a checkpoint: a walk of cold directories (readdir, lookups) keeps about
-/// this many names in memory between checkpoints.
-const SHRINK_AFTER_GROUPS: usize = 65536;
+/// this many groups' names in memory (~2 MiB) however long it runs.
+const SHRINK_AFTER_GROUPS: usize = 16384;
 
 /// Numbers of inodes found gone remembered, at most.
 const ABSENT_MAX: usize = 65536;
@@ -345,6 +345,10 @@ impl Inodes {
             return Ok(false);
         }
         let found = read.entries?;
+        if self.groups_in >= SHRINK_AFTER_GROUPS {
+            // Before, not after: what this installs stays for the rerun it is for.
+            self.shrink_dirs();
+        }
         let mut at = 0;
         while at < found.len() {
             let (dir, hash) = (found[at].dir, found[at].hash);
