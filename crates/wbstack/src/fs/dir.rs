@@ -142,12 +142,32 @@ struct Partial {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct ColdSet {
     sorted: Vec<u64>,
+    /// Every `FENCE`th hash of `sorted`: a lookup searches this (small enough to stay
+    /// in cache: 1/64 of the array), then one block of 512 bytes, where a search of
+    /// the whole array missed the cache at each of its last dozen steps.
+    fence: Vec<u64>,
     revived: FxHashSet<u64>,
 }
 
+/// Hashes of `ColdSet::sorted` per fence entry.
+const FENCE: usize = 64;
+
 impl ColdSet {
     fn contains(&self, h: u64) -> bool {
-        self.sorted.binary_search(&h).is_ok() && !self.revived.contains(&h)
+        debug_assert_eq!(self.fence.len(), self.sorted.len().div_ceil(FENCE));
+        let block = self.fence.partition_point(|&f| f <= h);
+        if block == 0 {
+            return false;
+        }
+        let start = (block - 1) * FENCE;
+        let end = (start + FENCE).min(self.sorted.len());
+        self.sorted[start..end].binary_search(&h).is_ok() && !self.revived.contains(&h)
+    }
+
+    fn rebuild_fence(&mut self) {
+        self.fence.clear();
+        self.fence
+            .extend(self.sorted.iter().step_by(FENCE).copied());
     }
 
     fn is_empty(&self) -> bool {
@@ -185,6 +205,7 @@ impl ColdSet {
         if self.revived.len() > self.sorted.len() / 4 + 1024 {
             let revived = std::mem::take(&mut self.revived);
             self.sorted.retain(|x| !revived.contains(x));
+            self.rebuild_fence();
         }
         true
     }
@@ -202,12 +223,16 @@ impl ColdSet {
             fresh.iter().all(|h| self.sorted.binary_search(h).is_err()),
             "a hash made cold twice"
         );
-        if self
-            .sorted
-            .last()
-            .is_none_or(|&l| fresh.first().is_none_or(|&f| l < f))
-        {
+        if fresh.is_empty() {
+            return;
+        }
+        if self.sorted.last().is_none_or(|&l| l < fresh[0]) {
+            // Appended (a load adds a directory's groups in order, one at a time): the
+            // fence grows by the new blocks only.
             self.sorted.extend_from_slice(&fresh);
+            let next = self.fence.len() * FENCE;
+            let new_blocks = self.sorted.get(next..).unwrap_or_default();
+            self.fence.extend(new_blocks.iter().step_by(FENCE).copied());
             return;
         }
         let old = std::mem::take(&mut self.sorted);
@@ -224,6 +249,7 @@ impl ColdSet {
         }
         self.sorted.extend(a);
         self.sorted.extend(b);
+        self.rebuild_fence();
     }
 }
 
@@ -804,6 +830,13 @@ mod tests {
             assert_eq!(c.contains(h), model.contains(&h));
             assert!(!c.contains(h + 1));
         }
+        // A load adds a directory's groups one at a time, in order.
+        let mut one = ColdSet::default();
+        for &h in &all {
+            one.extend_sorted(&[h]);
+        }
+        assert!(all.iter().all(|&h| one.contains(h) && !one.contains(h + 1)));
+        assert!(!one.contains(0));
     }
 
     /// What a partial directory's caller does (`Meta::apply`, `Vol::faulting`): an
