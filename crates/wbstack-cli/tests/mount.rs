@@ -332,6 +332,89 @@ fn tar_and_cp_trees_round_trip_through_unmount_fsck_and_remount() {
     fsck_clean(&img);
 }
 
+/// FUSE over io_uring must be switched on in the fuse module (scripts/test does).
+fn need_uring() {
+    let p = "/sys/module/fuse/parameters/enable_uring";
+    let on = std::fs::read_to_string(p).is_ok_and(|s| s.trim() == "Y");
+    assert!(
+        on,
+        "{p} is off: run scripts/test (it switches FUSE over io_uring on)"
+    );
+}
+
+/// Both transports serve the same tree: `uring=on` sends every request after the
+/// mount through the rings (a thread per CPU's queue times `ring_threads`), and
+/// `uring=off` none; the tree survives unmount, fsck and a remount through the other
+/// transport.
+#[test]
+fn io_uring_and_dev_fuse_transports_serve_the_same_tree() {
+    need_root();
+    need_uring();
+    need("tar", "tar");
+    let src = tempfile::tempdir().unwrap();
+    make_tree(src.path());
+    let want = describe(src.path());
+    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    let cpus: u64 = cpus
+        .trim()
+        .rsplit(['-', ','])
+        .next()
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap()
+        + 1;
+    let (_d, img) = image("1G");
+    for (mode, other) in [("uring=on", "uring=off"), ("uring=off", "uring=on")] {
+        let m = Mounted::new(img.to_str().unwrap(), &[mode, "ring_threads=3"]);
+        sh(&format!(
+            "rm -rf {0}/t && mkdir {0}/t && tar -C {1} --xattrs --xattrs-include='user.*' -cf - . | tar -C {0}/t --xattrs --xattrs-include='user.*' -xpf - && sync {0}/t/big.bin",
+            m.path().display(),
+            src.path().display()
+        ));
+        assert_eq!(describe(&m.p("t")), want, "{mode}");
+        // One snapshot: each read of the file is itself a few requests.
+        let stat = std::fs::read_to_string(m.p(".wbstack/stat")).unwrap();
+        let field = |k: &str| -> u64 {
+            stat.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k} ")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {k} in {stat}"))
+        };
+        let (threads, ring, all) = (
+            field("fuse_ring_threads"),
+            field("fuse_ring_requests"),
+            field("fuse_requests"),
+        );
+        if mode == "uring=on" {
+            assert_eq!(threads, 3 * cpus, "{mode}");
+            // Only what came before the rings were ready used /dev/fuse (the ring
+            // also counts requests no handler serves, as DESTROY).
+            assert!(
+                ring > 100 && ring + 5 >= all,
+                "{mode}: {ring} of {all}: {stat}"
+            );
+        } else {
+            assert_eq!((threads, ring), (0, 0), "{mode}: {all} requests");
+        }
+        m.umount();
+        fsck_clean(&img);
+        let m = Mounted::new(img.to_str().unwrap(), &[other]);
+        assert_eq!(describe(&m.p("t")), want, "{mode}, then {other}");
+        m.umount();
+    }
+    // A typo is refused with the choices, before anything is mounted.
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(Command::new(bin()).args([
+        "mount",
+        img.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
+        "-o",
+        "uring=yes",
+    ]));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("uring=yes: expected auto, on or off"), "{err}");
+}
+
 /// readdir through the kernel resumes by cookie (the name hash): a walk that removes
 /// each entry it is given, as `rm -r` does, while another thread creates and removes
 /// names of its own, is given every original entry exactly once, and "." and ".."

@@ -51,6 +51,10 @@ ops!(
 #[derive(Default)]
 pub struct Counters {
     by_op: [AtomicU64; NAMES.len()],
+    /// Requests that came through FUSE over io_uring, not /dev/fuse.
+    pub ring_requests: AtomicU64,
+    /// Threads serving the rings (0: /dev/fuse only).
+    pub ring_threads: AtomicU64,
 }
 
 impl Counters {

@@ -8,6 +8,7 @@
 //! readdir does not list it, so no workload walks into it.
 
 use crate::counters::Counters;
+use std::sync::atomic::Ordering;
 use wbstack::dev::sim::SimDevice;
 use wbstack::fs::tunables::TUNABLES;
 use wbstack::fs::Volume;
@@ -155,6 +156,14 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
         ("dentry_walk_hits", ic.dentry_walk_hits),
         ("dentry_walk_misses", ic.dentry_walk_misses),
         ("fuse_requests", counters.total()),
+        (
+            "fuse_ring_requests",
+            counters.ring_requests.load(Ordering::Relaxed),
+        ),
+        (
+            "fuse_ring_threads",
+            counters.ring_threads.load(Ordering::Relaxed),
+        ),
         ("data_start_sector", vol.superblock().data_start * 8),
     ];
     let ops: Vec<(String, u64)> = counters

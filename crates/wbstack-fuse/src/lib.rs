@@ -2,20 +2,26 @@
 //! cp, dd, fio, fs_mark, test suites) run on it. `server.rs` serves the requests,
 //! `ctl.rs` the control directory, `counters.rs` counts what crossed.
 //!
-//! A request's path: the kernel's FUSE module → /dev/fuse (one cloned fd per request
-//! thread, `Config::clone_fd`) → fuser's event loop → a `WbFs` handler → the Volume's
-//! inode API (`wbstack::fs::ops`, permission checks in `fs::perm`) → page cache /
-//! journal → writeback → block layer → device.
+//! A request's path: the kernel's FUSE module → a ring entry of the caller's CPU
+//! (FUSE over io_uring, `uring.rs`, when the kernel allows it) or /dev/fuse (one
+//! cloned fd per request thread, `Config::clone_fd`, through fuser's event loop) → a
+//! `WbFs` handler (`reply.rs`: what a handler needs of either transport) → the
+//! Volume's inode API (`wbstack::fs::ops`, permission checks in `fs::perm`) → page
+//! cache / journal → writeback → block layer → device.
 
 pub mod counters;
 pub mod ctl;
+pub mod reply;
 pub mod server;
+pub mod uring;
 
 use fuser::{Config, MountOption, SessionACL};
 use std::path::{Path, PathBuf};
 use wbstack::fs::{FsError, FsResult, Volume};
 
-pub use server::{UnmountResult, WbFs};
+pub use server::{Served, UnmountResult, WbFs, MAX_PAYLOAD};
+use std::os::fd::AsFd;
+use std::sync::Arc;
 
 /// How to mount.
 #[derive(Clone, Debug)]
@@ -33,6 +39,21 @@ pub struct MountConfig {
     pub read_only: bool,
     /// Source name shown in /proc/mounts.
     pub fsname: String,
+    /// FUSE over io_uring (`uring.rs`): Auto uses it when the kernel allows it.
+    pub uring: UringMode,
+    /// Ring threads per CPU's queue, each with one ring entry: how many requests of
+    /// one CPU may be in progress at once (fsyncs waiting for a commit among them).
+    pub ring_threads: usize,
+}
+
+/// Whether to serve requests through io_uring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UringMode {
+    /// When the fuse module's `enable_uring` is on; /dev/fuse otherwise.
+    Auto,
+    /// Required: the mount fails when the kernel refuses.
+    On,
+    Off,
 }
 
 impl Default for MountConfig {
@@ -43,6 +64,8 @@ impl Default for MountConfig {
             default_permissions: false,
             read_only: false,
             fsname: "wbstack".into(),
+            uring: UringMode::Auto,
+            ring_threads: 8,
         }
     }
 }
@@ -60,7 +83,8 @@ pub fn default_threads() -> usize {
 
 impl MountConfig {
     /// Take the FUSE options of a `-o` list (`allow_other`, `default_permissions`,
-    /// `ro`, `rw`, `threads=N`, `fsname=S`); the rest is returned for the Volume.
+    /// `ro`, `rw`, `threads=N`, `fsname=S`, `uring=auto|on|off`, `ring_threads=N`);
+    /// the rest is returned for the Volume.
     pub fn take_options(&mut self, list: &str) -> FsResult<String> {
         let mut rest = Vec::new();
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -79,6 +103,27 @@ impl MountConfig {
                         })?
                 }
                 Some(("fsname", n)) => self.fsname = n.to_string(),
+                Some(("uring", m)) => {
+                    self.uring = match m {
+                        "auto" => UringMode::Auto,
+                        "on" => UringMode::On,
+                        "off" => UringMode::Off,
+                        _ => {
+                            return Err(FsError::Invalid(format!(
+                                "uring={m}: expected auto, on or off"
+                            )))
+                        }
+                    }
+                }
+                Some(("ring_threads", n)) => {
+                    self.ring_threads =
+                        n.parse()
+                            .ok()
+                            .filter(|n| (1..=64).contains(n))
+                            .ok_or_else(|| {
+                                FsError::Invalid(format!("ring_threads={n}: expected 1 to 64"))
+                            })?
+                }
                 _ => rest.push(item),
             }
         }
@@ -145,8 +190,32 @@ pub fn serve(
 ) -> FsResult<()> {
     let owner = euid();
     let result: UnmountResult = Default::default();
-    let fs = WbFs::new(vol, owner, cfg.read_only, result.clone());
+    let want_uring = match cfg.uring {
+        UringMode::Off => false,
+        UringMode::Auto => uring::kernel_allows(),
+        UringMode::On => {
+            if !uring::kernel_allows() {
+                return Err(FsError::Invalid(format!(
+                    "uring=on: the kernel does not allow FUSE over io_uring ({} is not Y; as root: echo 1 > {0})",
+                    uring::ENABLE_PARAM
+                )));
+            }
+            true
+        }
+    };
+    let fs = Arc::new(WbFs::new(
+        vol,
+        owner,
+        cfg.read_only,
+        result.clone(),
+        want_uring,
+    ));
     let notifier = fs.notifier.clone();
+    let rings: Arc<parking_lot::Mutex<Option<uring::Rings>>> = Arc::default();
+    let served = Served {
+        fs: fs.clone(),
+        rings: rings.clone(),
+    };
     let mut opts = vec![
         MountOption::FSName(cfg.fsname.clone()),
         MountOption::Subtype("wbstack".into()),
@@ -169,16 +238,57 @@ pub fn serve(
     };
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
-    let session = fuser::Session::new(fs, dir, &config)
+    let session = fuser::Session::new(served, dir, &config)
         .map_err(|e| FsError::Invalid(format!("mount {}: {e}", dir.display())))?;
     let mut session = session;
     if notifier.set(session.notifier()).is_err() {
         debug_assert!(false, "the notifier set twice");
     }
-    ready(session.unmount_callable());
-    session
+    // With uring=on, a refusal unmounts at once; the session still runs to its end
+    // so that the volume unmounts cleanly, and the mount then fails.
+    let mut refused = None;
+    if fs.uring_granted() {
+        let acl = uring::Acl {
+            owner_only: (!cfg.allow_other).then_some(owner),
+        };
+        let started = match session.as_fd().try_clone_to_owned() {
+            Ok(dev) => uring::Rings::start(fs.clone(), dev, cfg.ring_threads, MAX_PAYLOAD, acl)
+                .map_err(|(e, started)| {
+                    // Joined at the session's end, before the volume unmounts.
+                    *rings.lock() = Some(started);
+                    e
+                }),
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(r) => *rings.lock() = Some(r),
+            // /dev/fuse still serves every request: slower, not wrong.
+            Err(e) if cfg.uring == UringMode::Auto => {
+                eprintln!(
+                    "wbstack mount: FUSE over io_uring refused ({e}); serving through /dev/fuse"
+                )
+            }
+            Err(e) => refused = Some(format!("uring=on: {e}")),
+        }
+    } else if cfg.uring == UringMode::On {
+        refused = Some("uring=on: the kernel did not offer FUSE over io_uring at INIT".into());
+    }
+    if refused.is_some() {
+        if let Err(e) = session.unmount_callable().unmount() {
+            eprintln!("wbstack mount: unmounting after the refusal: {e}");
+        }
+    }
+    drop(fs);
+    if refused.is_none() {
+        ready(session.unmount_callable());
+    }
+    let served = session
         .run()
-        .map_err(|e| FsError::Invalid(format!("serving {}: {e}", dir.display())))?;
+        .map_err(|e| FsError::Invalid(format!("serving {}: {e}", dir.display())));
+    if let Some(msg) = refused {
+        return Err(FsError::Invalid(msg));
+    }
+    served?;
     let r = result.lock().take();
     r.unwrap_or(Ok(()))
 }

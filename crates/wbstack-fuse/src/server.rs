@@ -9,6 +9,10 @@
 
 use crate::counters::{Counters, Op};
 use crate::ctl::{self, CtlFile, CTL_DIR_INO, CTL_NAME};
+use crate::reply::{
+    AttrReply, Caller, CreateReply, DataReply, DirReply, EmptyReply, EntryReply, LseekReply,
+    OpenReply, StatfsOut, StatfsReply, WriteReply, XattrReply,
+};
 use crossbeam_channel::{unbounded, Sender};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
@@ -35,6 +39,14 @@ use wbstack::fs::{
 const TTL: Duration = Duration::from_secs(3600);
 /// Threads waiting on fsync (and on the trace file) so that no request thread does.
 const WAITERS: usize = 32;
+/// The largest request or reply body: max_write (and the kernel's 256 pages).
+pub const MAX_PAYLOAD: usize = 1 << 20;
+
+/// Whether FUSE over io_uring was asked for, and granted at INIT.
+struct UringWish {
+    want: bool,
+    granted: std::sync::atomic::AtomicBool,
+}
 
 /// What an open file handle holds.
 enum Handle {
@@ -71,6 +83,7 @@ pub struct WbFs {
     /// Set once the session exists (`serve`): how the server tells the kernel of a
     /// change it made itself, which no reply carries.
     pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    uring: UringWish,
 }
 
 fn errno(e: &FsError) -> Errno {
@@ -120,7 +133,7 @@ fn attr(s: &Stat) -> FileAttr {
 
 /// The caller's credentials; supplementary groups from /proc (FUSE sends only the
 /// fsuid and fsgid), read only for callers that are not root.
-fn cred(req: &Request) -> Cred {
+fn cred(req: &impl Caller) -> Cred {
     let (uid, gid) = (req.uid(), req.gid());
     if uid == 0 {
         return Cred::new(0, gid, Vec::new());
@@ -161,7 +174,13 @@ fn reserved(parent: INodeNo, name: &OsStr) -> bool {
 }
 
 impl WbFs {
-    pub fn new(vol: Volume, owner_uid: u32, read_only: bool, unmounted: UnmountResult) -> WbFs {
+    pub fn new(
+        vol: Volume,
+        owner_uid: u32,
+        read_only: bool,
+        unmounted: UnmountResult,
+        want_uring: bool,
+    ) -> WbFs {
         let (tx, rx) = unbounded::<Job>();
         for i in 0..WAITERS {
             let rx = rx.clone();
@@ -187,7 +206,16 @@ impl WbFs {
             unmounted,
             trace_readers: Arc::new(AtomicU64::new(0)),
             notifier: Arc::default(),
+            uring: UringWish {
+                want: want_uring,
+                granted: Default::default(),
+            },
         }
+    }
+
+    /// Whether INIT granted FUSE over io_uring.
+    pub fn uring_granted(&self) -> bool {
+        self.uring.granted.load(Ordering::Relaxed)
     }
 
     fn vol(&self) -> &Arc<Volume> {
@@ -199,11 +227,15 @@ impl WbFs {
         self.counters.clone()
     }
 
+    pub(crate) fn counters_ref(&self) -> &Counters {
+        &self.counters
+    }
+
     /// readdir of a volume directory from `offset`: "." at cookie 1, ".." at 2, then
     /// the entries by cookie, a page at a time until the kernel's buffer is full. A
     /// group of names sharing a cookie (a 63-bit hash collision) that the buffer splits
     /// loses its rest to the resume, as on ext4.
-    fn readdir_volume(&self, ino: u64, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir_volume(&self, ino: u64, offset: u64, mut reply: impl DirReply) {
         const PAGE: usize = 128;
         let vol = self.vol();
         if offset < 1 && reply.add(INodeNo(ino), 1, FileType::Directory, OsStr::new(".")) {
@@ -309,7 +341,7 @@ impl WbFs {
         }
     }
 
-    fn reply_entry(reply: ReplyEntry, r: FsResult<Stat>) {
+    fn reply_entry(reply: impl EntryReply, r: FsResult<Stat>) {
         match r {
             Ok(s) => reply.entry(&TTL, &attr(&s), Generation(0)),
             Err(e) => reply.error(errno(&e)),
@@ -325,51 +357,17 @@ impl WbFs {
     }
 }
 
-impl fuser::Filesystem for WbFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Each wished-for capability is optional: a kernel without one still mounts.
-        for cap in [
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
-            InitFlags::FUSE_BIG_WRITES,
-            InitFlags::FUSE_MAX_PAGES,
-        ] {
-            if config.add_capabilities(cap).is_err() {
-                eprintln!("wbstack mount: the kernel lacks {cap:?}; going on without it");
-            }
-        }
-        if let Err(max) = config.set_max_write(1 << 20) {
-            // The kernel's ceiling is taken instead.
-            let _clamped = config.set_max_write(max);
-        }
-        if let Err(max) = config.set_max_background(64) {
-            let _clamped = config.set_max_background(max);
-        }
-        Ok(())
-    }
-
-    fn destroy(&mut self) {
-        let r = match self.vol.take().map(Arc::try_unwrap) {
-            Some(Ok(vol)) => {
-                self.handles.write().clear();
-                vol.unmount()
-            }
-            Some(Err(vol)) => {
-                // Handles still hold it (a waiter finishing): sync, then drop them.
-                let r = vol.sync();
-                self.handles.write().clear();
-                match Arc::try_unwrap(vol) {
-                    Ok(v) => r.and(v.unmount()),
-                    Err(_) => r,
-                }
-            }
-            None => Ok(()),
-        };
-        *self.unmounted.lock() = Some(r);
-    }
-
-    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+/// The handlers, one per opcode, with fuser's arguments: both transports call them
+/// (fuser's session through `Served`, the rings through `uring::dispatch`).
+#[allow(clippy::too_many_arguments)]
+impl WbFs {
+    pub(crate) fn lookup(
+        &self,
+        req: &impl Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: impl EntryReply,
+    ) {
         self.counters.count(Op::lookup);
         if reserved(parent, name) {
             return reply.entry(&TTL, &self.ctl_dir_attr(), Generation(0));
@@ -393,7 +391,13 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    pub(crate) fn getattr(
+        &self,
+        _req: &impl Caller,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        reply: impl AttrReply,
+    ) {
         self.counters.count(Op::getattr);
         if let Some(a) = ctl::is_ctl(ino.0).then(|| self.ctl_attr(ino.0)).flatten() {
             return reply.attr(&TTL, &a);
@@ -404,9 +408,9 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn setattr(
+    pub(crate) fn setattr(
         &self,
-        req: &Request,
+        req: &impl Caller,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -420,7 +424,7 @@ impl fuser::Filesystem for WbFs {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
+        reply: impl AttrReply,
     ) {
         self.counters.count(Op::setattr);
         if ctl::is_ctl(ino.0) {
@@ -454,7 +458,7 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    pub(crate) fn readlink(&self, _req: &impl Caller, ino: INodeNo, reply: impl DataReply) {
         self.counters.count(Op::readlink);
         match self.vol().readlink_ino(ino.0) {
             Ok(t) => reply.data(&t),
@@ -462,52 +466,64 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn mknod(
+    pub(crate) fn mknod(
         &self,
-        req: &Request,
+        req: &impl Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
         rdev: u32,
-        reply: ReplyEntry,
+        reply: impl EntryReply,
     ) {
         self.counters.count(Op::mknod);
         let mode = (mode & 0o170000) | (mode & 0o7777 & !umask);
         self.make_node(req, parent, name, mode, rdev, reply)
     }
 
-    fn mkdir(
+    pub(crate) fn mkdir(
         &self,
-        req: &Request,
+        req: &impl Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
-        reply: ReplyEntry,
+        reply: impl EntryReply,
     ) {
         self.counters.count(Op::mkdir);
         let mode = 0o040000 | (mode & 0o7777 & !umask);
         self.make_node(req, parent, name, mode, 0, reply)
     }
 
-    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    pub(crate) fn unlink(
+        &self,
+        req: &impl Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: impl EmptyReply,
+    ) {
         self.counters.count(Op::unlink);
         self.remove(req, parent, name, false, reply)
     }
 
-    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    pub(crate) fn rmdir(
+        &self,
+        req: &impl Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: impl EmptyReply,
+    ) {
         self.counters.count(Op::rmdir);
         self.remove(req, parent, name, true, reply)
     }
 
-    fn symlink(
+    pub(crate) fn symlink(
         &self,
-        req: &Request,
+        req: &impl Caller,
         parent: INodeNo,
         link_name: &OsStr,
         target: &Path,
-        reply: ReplyEntry,
+        reply: impl EntryReply,
     ) {
         self.counters.count(Op::symlink);
         if reserved(parent, link_name) || ctl::is_ctl(parent.0) {
@@ -525,15 +541,15 @@ impl fuser::Filesystem for WbFs {
         Self::reply_entry(reply, r)
     }
 
-    fn rename(
+    pub(crate) fn rename(
         &self,
-        req: &Request,
+        req: &impl Caller,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
         newname: &OsStr,
         flags: FuseRenameFlags,
-        reply: ReplyEmpty,
+        reply: impl EmptyReply,
     ) {
         self.counters.count(Op::rename);
         if reserved(parent, name)
@@ -566,13 +582,13 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn link(
+    pub(crate) fn link(
         &self,
-        req: &Request,
+        req: &impl Caller,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
-        reply: ReplyEntry,
+        reply: impl EntryReply,
     ) {
         self.counters.count(Op::link);
         if reserved(newparent, newname) || ctl::is_ctl(newparent.0) || ctl::is_ctl(ino.0) {
@@ -587,7 +603,13 @@ impl fuser::Filesystem for WbFs {
         Self::reply_entry(reply, r)
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    pub(crate) fn open(
+        &self,
+        req: &impl Caller,
+        ino: INodeNo,
+        flags: OpenFlags,
+        reply: impl OpenReply,
+    ) {
         self.counters.count(Op::open);
         let o = open_options(flags.0);
         if ctl::is_ctl(ino.0) {
@@ -610,16 +632,16 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn read(
+    pub(crate) fn read(
         &self,
-        _req: &Request,
+        _req: &impl Caller,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
+        reply: impl DataReply,
     ) {
         self.counters.count(Op::read);
         let h = match self.handle(fh) {
@@ -647,9 +669,9 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn write(
+    pub(crate) fn write(
         &self,
-        req: &Request,
+        req: &impl Caller,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -657,7 +679,7 @@ impl fuser::Filesystem for WbFs {
         _write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
+        reply: impl WriteReply,
     ) {
         self.counters.count(Op::write);
         let h = match self.handle(fh) {
@@ -696,13 +718,13 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn flush(
+    pub(crate) fn flush(
         &self,
-        _req: &Request,
+        _req: &impl Caller,
         _ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
-        reply: ReplyEmpty,
+        reply: impl EmptyReply,
     ) {
         self.counters.count(Op::flush);
         match self.handle(fh).as_deref() {
@@ -715,15 +737,15 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn release(
+    pub(crate) fn release(
         &self,
-        _req: &Request,
+        _req: &impl Caller,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
-        reply: ReplyEmpty,
+        reply: impl EmptyReply,
     ) {
         self.counters.count(Op::release);
         let h = self.handles.write().remove(&fh.0);
@@ -748,13 +770,13 @@ impl fuser::Filesystem for WbFs {
         reply.ok()
     }
 
-    fn fsync(
+    pub(crate) fn fsync(
         &self,
-        _req: &Request,
+        _req: &impl Caller,
         _ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
-        reply: ReplyEmpty,
+        reply: impl EmptyReply,
     ) {
         self.counters.count(Op::fsync);
         let h = match self.file(fh) {
@@ -772,7 +794,13 @@ impl fuser::Filesystem for WbFs {
         });
     }
 
-    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    pub(crate) fn opendir(
+        &self,
+        req: &impl Caller,
+        ino: INodeNo,
+        _flags: OpenFlags,
+        reply: impl OpenReply,
+    ) {
         self.counters.count(Op::opendir);
         if ino.0 == CTL_DIR_INO {
             let mut list = vec![
@@ -792,13 +820,13 @@ impl fuser::Filesystem for WbFs {
         reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
-    fn readdir(
+    pub(crate) fn readdir(
         &self,
-        _req: &Request,
+        _req: &impl Caller,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        mut reply: impl DirReply,
     ) {
         self.counters.count(Op::readdir);
         let h = match self.handle(fh) {
@@ -819,26 +847,26 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn releasedir(
+    pub(crate) fn releasedir(
         &self,
-        _req: &Request,
+        _req: &impl Caller,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        reply: ReplyEmpty,
+        reply: impl EmptyReply,
     ) {
         self.counters.count(Op::releasedir);
         self.handles.write().remove(&fh.0);
         reply.ok()
     }
 
-    fn fsyncdir(
+    pub(crate) fn fsyncdir(
         &self,
-        _req: &Request,
+        _req: &impl Caller,
         _ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
-        reply: ReplyEmpty,
+        reply: impl EmptyReply,
     ) {
         self.counters.count(Op::fsyncdir);
         // A directory's entries are metadata: durable once the journal commits
@@ -850,32 +878,32 @@ impl fuser::Filesystem for WbFs {
         });
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    pub(crate) fn statfs(&self, _req: &impl Caller, _ino: INodeNo, reply: impl StatfsReply) {
         self.counters.count(Op::statfs);
         let s = self.vol().statfs();
         // Inodes are not preallocated: any free block could hold many.
         let ffree = s.free.saturating_mul(16);
-        reply.statfs(
-            s.blocks,
-            s.free,
-            s.available,
-            s.files + ffree,
+        reply.statfs(StatfsOut {
+            blocks: s.blocks,
+            bfree: s.free,
+            bavail: s.available,
+            files: s.files + ffree,
             ffree,
-            s.block_size as u32,
-            255,
-            s.block_size as u32,
-        );
+            bsize: s.block_size as u32,
+            namelen: 255,
+            frsize: s.block_size as u32,
+        });
     }
 
-    fn setxattr(
+    pub(crate) fn setxattr(
         &self,
-        req: &Request,
+        req: &impl Caller,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
         flags: i32,
         _position: u32,
-        reply: ReplyEmpty,
+        reply: impl EmptyReply,
     ) {
         self.counters.count(Op::setxattr);
         if ctl::is_ctl(ino.0) {
@@ -899,7 +927,14 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    pub(crate) fn getxattr(
+        &self,
+        req: &impl Caller,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
+        reply: impl XattrReply,
+    ) {
         self.counters.count(Op::getxattr);
         if ctl::is_ctl(ino.0) {
             return reply.error(Errno::ENODATA);
@@ -910,7 +945,13 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    pub(crate) fn listxattr(
+        &self,
+        req: &impl Caller,
+        ino: INodeNo,
+        size: u32,
+        reply: impl XattrReply,
+    ) {
         self.counters.count(Op::listxattr);
         if ctl::is_ctl(ino.0) {
             return xattr_reply(reply, size, &[]);
@@ -928,7 +969,13 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    pub(crate) fn removexattr(
+        &self,
+        req: &impl Caller,
+        ino: INodeNo,
+        name: &OsStr,
+        reply: impl EmptyReply,
+    ) {
         self.counters.count(Op::removexattr);
         if ctl::is_ctl(ino.0) {
             return reply.error(Errno::EPERM);
@@ -945,7 +992,13 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+    pub(crate) fn access(
+        &self,
+        req: &impl Caller,
+        ino: INodeNo,
+        mask: AccessFlags,
+        reply: impl EmptyReply,
+    ) {
         self.counters.count(Op::access);
         if ctl::is_ctl(ino.0) {
             return reply.ok();
@@ -960,15 +1013,15 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn create(
+    pub(crate) fn create(
         &self,
-        req: &Request,
+        req: &impl Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
         flags: i32,
-        reply: ReplyCreate,
+        reply: impl CreateReply,
     ) {
         self.counters.count(Op::create);
         if reserved(parent, name) || ctl::is_ctl(parent.0) {
@@ -997,15 +1050,15 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn fallocate(
+    pub(crate) fn fallocate(
         &self,
-        req: &Request,
+        req: &impl Caller,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
-        reply: ReplyEmpty,
+        reply: impl EmptyReply,
     ) {
         self.counters.count(Op::fallocate);
         match self.file(fh).as_deref() {
@@ -1030,14 +1083,14 @@ impl fuser::Filesystem for WbFs {
         }
     }
 
-    fn lseek(
+    pub(crate) fn lseek(
         &self,
-        _req: &Request,
+        _req: &impl Caller,
         _ino: INodeNo,
         fh: FileHandle,
         offset: i64,
         whence: i32,
-        reply: ReplyLseek,
+        reply: impl LseekReply,
     ) {
         self.counters.count(Op::lseek);
         let h = self.file(fh);
@@ -1059,7 +1112,393 @@ impl fuser::Filesystem for WbFs {
     }
 }
 
-fn xattr_reply(reply: ReplyXattr, size: u32, v: &[u8]) {
+impl WbFs {
+    /// The capabilities and limits asked for at INIT.
+    fn init_config(&self, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Each wished-for capability is optional: a kernel without one still mounts.
+        for cap in [
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            InitFlags::FUSE_BIG_WRITES,
+            InitFlags::FUSE_MAX_PAGES,
+        ] {
+            if config.add_capabilities(cap).is_err() {
+                eprintln!("wbstack mount: the kernel lacks {cap:?}; going on without it");
+            }
+        }
+        if self.uring.want {
+            // Granted only when the fuse module's enable_uring is on.
+            let granted = config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_ok();
+            self.uring.granted.store(granted, Ordering::Relaxed);
+        }
+        if let Err(max) = config.set_max_write(MAX_PAYLOAD as u32) {
+            // The kernel's ceiling is taken instead.
+            let _clamped = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_background(64) {
+            let _clamped = config.set_max_background(max);
+        }
+        Ok(())
+    }
+
+    /// The end of the session: unmount the volume (every request has been answered).
+    fn destroy(&mut self) {
+        let r = match self.vol.take().map(Arc::try_unwrap) {
+            Some(Ok(vol)) => {
+                self.handles.write().clear();
+                vol.unmount()
+            }
+            Some(Err(vol)) => {
+                // Handles still hold it (a waiter finishing): sync, then drop them.
+                let r = vol.sync();
+                self.handles.write().clear();
+                match Arc::try_unwrap(vol) {
+                    Ok(v) => r.and(v.unmount()),
+                    Err(_) => r,
+                }
+            }
+            None => Ok(()),
+        };
+        *self.unmounted.lock() = Some(r);
+    }
+}
+
+/// What fuser's session serves: the handlers, shared with the io_uring threads.
+pub struct Served {
+    pub fs: Arc<WbFs>,
+    pub rings: Arc<Mutex<Option<crate::uring::Rings>>>,
+}
+
+impl fuser::Filesystem for Served {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        self.fs.init_config(config)
+    }
+
+    fn destroy(&mut self) {
+        // The rings' threads end with the connection (ENOTCONN); the volume is
+        // unmounted only once none of them can call into it.
+        if let Some(r) = self.rings.lock().take() {
+            r.join();
+        }
+        match Arc::get_mut(&mut self.fs) {
+            Some(fs) => fs.destroy(),
+            None => {
+                debug_assert!(false, "a handler outlived the session");
+                eprintln!("wbstack mount: a request thread outlived the session; syncing only");
+                let r = self.fs.vol().sync();
+                *self.fs.unmounted.lock() = Some(r);
+            }
+        }
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        WbFs::lookup(&self.fs, req, parent, name, reply)
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        WbFs::getattr(&self.fs, _req, ino, _fh, reply)
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        WbFs::setattr(
+            &self.fs, req, ino, mode, uid, gid, size, atime, mtime, _ctime, fh, _crtime, _chgtime,
+            _bkuptime, _flags, reply,
+        )
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        WbFs::readlink(&self.fs, _req, ino, reply)
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        WbFs::mknod(&self.fs, req, parent, name, mode, umask, rdev, reply)
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        WbFs::mkdir(&self.fs, req, parent, name, mode, umask, reply)
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        WbFs::unlink(&self.fs, req, parent, name, reply)
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        WbFs::rmdir(&self.fs, req, parent, name, reply)
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        WbFs::symlink(&self.fs, req, parent, link_name, target, reply)
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: FuseRenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        WbFs::rename(
+            &self.fs, req, parent, name, newparent, newname, flags, reply,
+        )
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        WbFs::link(&self.fs, req, ino, newparent, newname, reply)
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        WbFs::open(&self.fs, req, ino, flags, reply)
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        WbFs::read(
+            &self.fs,
+            _req,
+            _ino,
+            fh,
+            offset,
+            size,
+            _flags,
+            _lock_owner,
+            reply,
+        )
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        WbFs::write(
+            &self.fs,
+            req,
+            ino,
+            fh,
+            offset,
+            data,
+            _write_flags,
+            _flags,
+            _lock_owner,
+            reply,
+        )
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        WbFs::flush(&self.fs, _req, _ino, fh, _lock_owner, reply)
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        WbFs::release(&self.fs, _req, _ino, fh, _flags, _lock_owner, _flush, reply)
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        WbFs::fsync(&self.fs, _req, _ino, fh, datasync, reply)
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        WbFs::opendir(&self.fs, req, ino, _flags, reply)
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectory,
+    ) {
+        WbFs::readdir(&self.fs, _req, _ino, fh, offset, reply)
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        WbFs::releasedir(&self.fs, _req, _ino, fh, _flags, reply)
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        WbFs::fsyncdir(&self.fs, _req, _ino, _fh, _datasync, reply)
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        WbFs::statfs(&self.fs, _req, _ino, reply)
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        WbFs::setxattr(&self.fs, req, ino, name, value, flags, _position, reply)
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        WbFs::getxattr(&self.fs, req, ino, name, size, reply)
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        WbFs::listxattr(&self.fs, req, ino, size, reply)
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        WbFs::removexattr(&self.fs, req, ino, name, reply)
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        WbFs::access(&self.fs, req, ino, mask, reply)
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        WbFs::create(&self.fs, req, parent, name, mode, umask, flags, reply)
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        WbFs::fallocate(&self.fs, req, ino, fh, offset, length, mode, reply)
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        WbFs::lseek(&self.fs, _req, _ino, fh, offset, whence, reply)
+    }
+}
+
+fn xattr_reply(reply: impl XattrReply, size: u32, v: &[u8]) {
     if size == 0 {
         reply.size(v.len() as u32)
     } else if (size as usize) < v.len() {
@@ -1081,12 +1520,12 @@ impl WbFs {
     /// mknod and mkdir: `mode` carries the file type, the umask already applied.
     fn make_node(
         &self,
-        req: &Request,
+        req: &impl Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         rdev: u32,
-        reply: ReplyEntry,
+        reply: impl EntryReply,
     ) {
         if reserved(parent, name) || ctl::is_ctl(parent.0) {
             return reply.error(Errno::EEXIST);
@@ -1100,7 +1539,14 @@ impl WbFs {
         Self::reply_entry(reply, r)
     }
 
-    fn remove(&self, req: &Request, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
+    fn remove(
+        &self,
+        req: &impl Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        dir: bool,
+        reply: impl EmptyReply,
+    ) {
         if reserved(parent, name) || ctl::is_ctl(parent.0) {
             return reply.error(Errno::EPERM);
         }
@@ -1116,7 +1562,7 @@ impl WbFs {
         }
     }
 
-    fn open_ctl(&self, req: &Request, ino: u64, o: &OpenOptions, reply: ReplyOpen) {
+    fn open_ctl(&self, req: &impl Caller, ino: u64, o: &OpenOptions, reply: impl OpenReply) {
         let Some(file) = ctl::by_ino(ino) else {
             return reply.error(Errno::EISDIR);
         };
@@ -1149,7 +1595,7 @@ impl WbFs {
 
     /// Streaming read of the trace ring: waits (on a waiter thread) until events
     /// arrive, so `cat trace` follows the volume as trace_pipe does.
-    fn read_trace(&self, size: u32, reply: ReplyData) {
+    fn read_trace(&self, size: u32, reply: impl DataReply) {
         self.defer(move || {
             let deadline = std::time::Instant::now() + Duration::from_secs(1);
             loop {

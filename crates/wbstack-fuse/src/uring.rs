@@ -1,0 +1,1192 @@
+//! FUSE over io_uring: requests delivered to a queue per CPU, served by threads pinned
+//! to that CPU.
+//!
+//! Why: through /dev/fuse, a request wakes whichever request thread has waited
+//! longest, usually on the other CPU, and the reply wakes the caller back across. On
+//! this kind of VM a wakeup of an idle vCPU is a halt exit, and that is most of a
+//! round trip: one fs_mark thread through the mount ran at 6k files/s, and at 16k with
+//! every thread pinned to one CPU. With io_uring (Linux 6.14+, `enable_uring` of the
+//! fuse module on), the kernel queues a request on the queue of the CPU its caller runs
+//! on (`fuse_uring_task_to_queue`), and the entry it picks belongs to a thread pinned
+//! there, so both wakeups stay on one CPU.
+//!
+//! Layout: every queue has `per_queue` threads, each with its own ring
+//! (SINGLE_ISSUER, DEFER_TASKRUN) and exactly one ring entry (a header buffer and a
+//! payload buffer registered with FUSE_IO_URING_CMD_REGISTER). A handler may block (a
+//! writer paused by dirty throttling, an fsync waiting for its commit): with one entry
+//! per thread, a blocked thread holds only its own entry, and the kernel gives the
+//! next request of that CPU to another thread's free entry. The kernel reuses the
+//! entry committed last first, so a lone caller keeps meeting the same warm thread.
+//!
+//! The connection's set-up (INIT), FORGET and INTERRUPT stay on /dev/fuse, read by
+//! fuser's threads; every other request comes through the rings once each CPU's queue
+//! has an entry. Requests are decoded here (fuser's parsing is private to it) and go
+//! to the same `WbFs` handlers as fuser's, through the traits of `reply.rs`.
+
+use crate::reply::{
+    AttrReply, Caller, CreateReply, DataReply, DirReply, EmptyReply, EntryReply, Fail, LseekReply,
+    OpenReply, StatfsOut, StatfsReply, WriteReply, XattrReply,
+};
+use crate::server::WbFs;
+use crossbeam_channel::{bounded, Receiver, Sender};
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, LockOwner,
+    OpenFlags, RenameFlags, TimeOrNow, WriteFlags,
+};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Where the fuse module says whether io_uring may be used.
+pub const ENABLE_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether the running kernel lets a FUSE server use io_uring.
+pub fn kernel_allows() -> bool {
+    std::fs::read_to_string(ENABLE_PARAM).is_ok_and(|s| s.trim() == "Y")
+}
+
+// uapi/linux/fuse.h
+const FUSE_IO_URING_CMD_REGISTER: u32 = 1;
+const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
+/// `struct fuse_uring_req_header`: in_out[128], op_in[128], ring_ent_in_out (32 bytes).
+const HEADER_BYTES: usize = 288;
+const OP_IN: usize = 128;
+const OP_IN_BYTES: usize = 128;
+const ENT_IN_OUT: usize = 256;
+const IN_HEADER: usize = 40;
+const OUT_HEADER: usize = 16;
+
+mod op {
+    pub const LOOKUP: u32 = 1;
+    pub const GETATTR: u32 = 3;
+    pub const SETATTR: u32 = 4;
+    pub const READLINK: u32 = 5;
+    pub const SYMLINK: u32 = 6;
+    pub const MKNOD: u32 = 8;
+    pub const MKDIR: u32 = 9;
+    pub const UNLINK: u32 = 10;
+    pub const RMDIR: u32 = 11;
+    pub const RENAME: u32 = 12;
+    pub const LINK: u32 = 13;
+    pub const OPEN: u32 = 14;
+    pub const READ: u32 = 15;
+    pub const WRITE: u32 = 16;
+    pub const STATFS: u32 = 17;
+    pub const RELEASE: u32 = 18;
+    pub const FSYNC: u32 = 20;
+    pub const SETXATTR: u32 = 21;
+    pub const GETXATTR: u32 = 22;
+    pub const LISTXATTR: u32 = 23;
+    pub const REMOVEXATTR: u32 = 24;
+    pub const FLUSH: u32 = 25;
+    pub const OPENDIR: u32 = 27;
+    pub const READDIR: u32 = 28;
+    pub const RELEASEDIR: u32 = 29;
+    pub const FSYNCDIR: u32 = 30;
+    pub const ACCESS: u32 = 34;
+    pub const CREATE: u32 = 35;
+    pub const DESTROY: u32 = 38;
+    pub const FALLOCATE: u32 = 43;
+    pub const RENAME2: u32 = 45;
+    pub const LSEEK: u32 = 46;
+}
+
+/// Which callers may use the mount: fuser's `SessionACL::Owner` rule, kept here too.
+#[derive(Clone, Copy, Debug)]
+pub struct Acl {
+    /// Some(uid): only that uid, but for requests the kernel may send on nobody's
+    /// behalf (writeback, release...).
+    pub owner_only: Option<u32>,
+}
+
+/// The ring threads of one mount.
+pub struct Rings {
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Rings {
+    /// Starts `per_queue` threads for each possible CPU's queue on the connection of
+    /// `dev` (a /dev/fuse descriptor whose INIT granted FUSE_OVER_IO_URING), and waits
+    /// until each has registered its entry. `max_payload` is the connection's largest
+    /// request or reply body (max_write and max_pages). When a thread fails, the
+    /// error comes with the threads started: those that registered serve until the
+    /// connection ends and must be joined before the volume unmounts.
+    pub fn start(
+        fs: Arc<WbFs>,
+        dev: OwnedFd,
+        per_queue: usize,
+        max_payload: usize,
+        acl: Acl,
+    ) -> Result<Rings, (std::io::Error, Rings)> {
+        let no_threads = || Rings {
+            threads: Vec::new(),
+        };
+        let queues = possible_cpus().map_err(|e| (e, no_threads()))?;
+        let dev = Arc::new(dev);
+        let mut threads = Vec::new();
+        let (ready_tx, ready_rx) = bounded::<std::io::Result<()>>(queues * per_queue);
+        for qid in 0..queues {
+            for i in 0..per_queue.max(1) {
+                let (fs, dev, ready) = (fs.clone(), dev.clone(), ready_tx.clone());
+                let t = std::thread::Builder::new()
+                    .name(format!("fuse-ring-{qid}.{i}"))
+                    .spawn(move || {
+                        let mut q = match Queue::new(dev.as_raw_fd(), qid as u16, max_payload) {
+                            Ok(q) => q,
+                            Err(e) => {
+                                let _ = ready.send(Err(e));
+                                return;
+                            }
+                        };
+                        pin_to(qid);
+                        q.serve(&fs, acl, &ready);
+                        drop(dev);
+                    });
+                match t {
+                    Ok(t) => threads.push(t),
+                    Err(e) => return Err((e, Rings { threads })),
+                }
+            }
+        }
+        drop(ready_tx);
+        let rings = Rings { threads };
+        for _ in 0..rings.threads.len() {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err((e, rings)),
+                Err(_) => {
+                    let e = std::io::Error::other("a ring thread ended before registering");
+                    return Err((e, rings));
+                }
+            }
+        }
+        fs.counters_ref().ring_threads.store(
+            rings.threads.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(rings)
+    }
+
+    /// Waits for every ring thread: each ends once the connection is gone (its entry
+    /// completes with ENOTCONN at unmount).
+    pub fn join(self) {
+        for t in self.threads {
+            if t.join().is_err() {
+                eprintln!("wbstack mount: a FUSE ring thread panicked");
+            }
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads.len()
+    }
+}
+
+/// The kernel makes one queue per possible CPU (`num_possible_cpus`) and the ring is
+/// ready only when every one has an entry.
+fn possible_cpus() -> std::io::Result<usize> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    let mut n = 0;
+    for part in s.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (
+            a.parse().map_err(std::io::Error::other)?,
+            b.parse().map_err(std::io::Error::other)?,
+        );
+        n = n.max(b + 1);
+        debug_assert!(a <= b);
+    }
+    Ok(n)
+}
+
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it and
+    // sched_setaffinity reads it for its size. Pinning failing (a CPU offline, a
+    // cpuset without it) leaves the thread free to run anywhere: slower, not wrong.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// One thread's ring and its one entry's buffers.
+struct Queue {
+    ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    fd: RawFd,
+    qid: u16,
+    /// `struct fuse_uring_req_header`, 8-aligned.
+    header: Box<[u64; HEADER_BYTES / 8]>,
+    payload: Box<[u8]>,
+    /// The kernel reads these two iovecs at REGISTER; they must stay put until then.
+    iov: Box<[libc::iovec; 2]>,
+}
+
+impl Queue {
+    fn new(fd: RawFd, qid: u16, max_payload: usize) -> std::io::Result<Queue> {
+        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build(4)?;
+        let mut header = Box::new([0u64; HEADER_BYTES / 8]);
+        let mut payload = vec![0u8; max_payload].into_boxed_slice();
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: header.as_mut_ptr().cast(),
+                iov_len: HEADER_BYTES,
+            },
+            libc::iovec {
+                iov_base: payload.as_mut_ptr().cast(),
+                iov_len: payload.len(),
+            },
+        ]);
+        Ok(Queue {
+            ring,
+            fd,
+            qid,
+            header,
+            payload,
+            iov,
+        })
+    }
+
+    fn header_bytes(&self) -> &[u8] {
+        // SAFETY: the u64 array is HEADER_BYTES long; any byte of it may be read.
+        unsafe { std::slice::from_raw_parts(self.header.as_ptr().cast::<u8>(), HEADER_BYTES) }
+    }
+
+    fn header_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and the borrow is unique through &mut self.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.header.as_mut_ptr().cast::<u8>(), HEADER_BYTES)
+        }
+    }
+
+    fn cmd(&self, cmd_op: u32, commit_id: u64) -> squeue::Entry128 {
+        // struct fuse_uring_cmd_req { u64 flags; u64 commit_id; u16 qid; u8 padding[6]; }
+        let mut cmd = [0u8; 80];
+        cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+        cmd[16..18].copy_from_slice(&self.qid.to_ne_bytes());
+        let e = opcode::UringCmd80::new(types::Fd(self.fd), cmd_op)
+            .cmd(cmd)
+            .addr(Some(self.iov.as_ptr() as u64))
+            .build();
+        with_len(e, 2)
+    }
+
+    /// Registers the entry, then serves: each completion is a request in the entry's
+    /// buffers, answered by COMMIT_AND_FETCH, which also waits for the next.
+    fn serve(&mut self, fs: &WbFs, acl: Acl, ready: &Sender<std::io::Result<()>>) {
+        if let Err(e) = self.register() {
+            let _ = ready.send(Err(e));
+            return;
+        }
+        let _ = ready.send(Ok(()));
+        loop {
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                eprintln!("wbstack mount: FUSE ring queue {}: {e}", self.qid);
+                return;
+            }
+            let Some(cqe) = self.ring.completion().next() else {
+                continue;
+            };
+            let res = cqe.result();
+            if res < 0 {
+                // ENOTCONN: the connection ended (unmount, abort).
+                if res != -libc::ENOTCONN && res != -libc::ECANCELED {
+                    eprintln!(
+                        "wbstack mount: FUSE ring queue {}: {}",
+                        self.qid,
+                        std::io::Error::from_raw_os_error(-res)
+                    );
+                }
+                return;
+            }
+            let unique = self.handle(fs, acl);
+            let next = self.cmd(FUSE_IO_URING_CMD_COMMIT_AND_FETCH, unique);
+            if !self.push(&next) {
+                return;
+            }
+        }
+    }
+
+    /// Sends REGISTER. It completes only when a request arrives; a refusal completes
+    /// at once, during the submit.
+    fn register(&mut self) -> std::io::Result<()> {
+        let reg = self.cmd(FUSE_IO_URING_CMD_REGISTER, 0);
+        if !self.push(&reg) {
+            return Err(std::io::Error::other("the ring's submission queue is full"));
+        }
+        self.ring.submit()?;
+        if let Some(cqe) = self.ring.completion().next() {
+            if cqe.result() < 0 {
+                return Err(std::io::Error::from_raw_os_error(-cqe.result()));
+            }
+            debug_assert!(false, "REGISTER completed without a request");
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, e: &squeue::Entry128) -> bool {
+        // SAFETY: the SQE points at `self.iov`, whose iovecs point at `self.header`
+        // and `self.payload`; all three are boxed (they do not move) and live as long
+        // as `self`. The kernel holds the entry's buffers until the connection ends,
+        // which is what ends `serve` (its last completion is ENOTCONN), and the
+        // thread drops `self` only after `serve` returns.
+        unsafe { self.ring.submission().push(e) }.is_ok()
+    }
+
+    /// Decodes the request in the entry, runs it, writes the reply into the entry.
+    /// Returns the request's unique id (the commit id).
+    fn handle(&mut self, fs: &WbFs, acl: Acl) -> u64 {
+        let h = self.header_bytes();
+        let len = u32_at(h, 0) as usize;
+        let opcode = u32_at(h, 4);
+        let unique = u64_at(h, 8);
+        let nodeid = u64_at(h, 16);
+        let caller = RingCaller {
+            uid: u32_at(h, 24),
+            gid: u32_at(h, 28),
+            pid: u32_at(h, 32),
+        };
+        let payload_sz = (u32_at(h, ENT_IN_OUT + 16) as usize).min(self.payload.len());
+        // The request's first argument went to op_in, the rest to the payload; its
+        // length is what the header's total leaves.
+        let arg0 = len.saturating_sub(IN_HEADER + payload_sz).min(OP_IN_BYTES);
+        let (tx, rx) = bounded::<Out>(1);
+        let reply = RingReply {
+            tx,
+            max: self.payload.len(),
+        };
+        fs.counters_ref()
+            .ring_requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let denied = acl
+            .owner_only
+            .is_some_and(|uid| caller.uid != uid && !nobodys(opcode));
+        if denied {
+            reply.error(Errno::EACCES);
+        } else {
+            let body = Body::new(&h[OP_IN..OP_IN + arg0], &self.payload[..payload_sz]);
+            dispatch(fs, &caller, opcode, INodeNo(nodeid), body, reply);
+        }
+        self.finish(unique, rx)
+    }
+
+    /// Waits for the handler's reply (a waiter thread may send it later: fsync) and
+    /// writes it into the entry.
+    fn finish(&mut self, unique: u64, rx: Receiver<Out>) -> u64 {
+        let out = rx.recv().unwrap_or(Out {
+            error: -libc::EIO,
+            body: Vec::new(),
+        });
+        let n = out.body.len().min(self.payload.len());
+        debug_assert_eq!(n, out.body.len(), "a reply larger than the ring's payload");
+        self.payload[..n].copy_from_slice(&out.body[..n]);
+        let h = self.header_bytes_mut();
+        // struct fuse_out_header { u32 len; i32 error; u64 unique; }
+        h[0..4].copy_from_slice(&((OUT_HEADER + n) as u32).to_ne_bytes());
+        h[4..8].copy_from_slice(&out.error.to_ne_bytes());
+        h[8..16].copy_from_slice(&unique.to_ne_bytes());
+        // ring_ent_in_out.payload_sz
+        h[ENT_IN_OUT + 16..ENT_IN_OUT + 20].copy_from_slice(&(n as u32).to_ne_bytes());
+        unique
+    }
+}
+
+/// Sets the SQE's `len`, which FUSE's commands read as the iovec count and which the
+/// io-uring crate's UringCmd80 builder has no field for.
+fn with_len(e: squeue::Entry128, len: u32) -> squeue::Entry128 {
+    const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
+    // SAFETY: Entry128 is #[repr(C)]: a plain `struct io_uring_sqe` (64 bytes) and
+    // 64 bytes of command, every bit pattern of which is valid; `len` is the u32 at
+    // byte 24 of io_uring_sqe (after opcode, flags, ioprio, fd, off, addr).
+    unsafe {
+        let mut b: [u8; 128] = std::mem::transmute(e);
+        b[24..28].copy_from_slice(&len.to_ne_bytes());
+        std::mem::transmute::<[u8; 128], squeue::Entry128>(b)
+    }
+}
+
+/// Requests the kernel may send with any uid (fuser's list for `SessionACL::Owner`).
+fn nobodys(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        op::DESTROY
+            | op::READ
+            | op::READDIR
+            | op::WRITE
+            | op::FSYNC
+            | op::FSYNCDIR
+            | op::RELEASE
+            | op::RELEASEDIR
+    )
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .map_or(0, |x| u32::from_ne_bytes(x.try_into().unwrap_or_default()))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .map_or(0, |x| u64::from_ne_bytes(x.try_into().unwrap_or_default()))
+}
+
+struct RingCaller {
+    uid: u32,
+    gid: u32,
+    pid: u32,
+}
+
+impl Caller for RingCaller {
+    fn uid(&self) -> u32 {
+        self.uid
+    }
+    fn gid(&self) -> u32 {
+        self.gid
+    }
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
+/// A request's body as /dev/fuse would carry it: its first argument (the fixed part,
+/// in the entry's op_in) then the rest (names, data: the payload). Read in order; no
+/// field straddles the two.
+struct Body<'a> {
+    parts: [&'a [u8]; 2],
+    part: usize,
+    at: usize,
+}
+
+impl<'a> Body<'a> {
+    fn new(head: &'a [u8], tail: &'a [u8]) -> Body<'a> {
+        Body {
+            parts: [head, tail],
+            part: 0,
+            at: 0,
+        }
+    }
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.part == 0 && self.at == self.parts[0].len() {
+            (self.part, self.at) = (1, 0);
+        }
+        let v = self.parts.get(self.part)?.get(self.at..self.at + n)?;
+        self.at += n;
+        Some(v)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_ne_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_ne_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn name(&mut self) -> Option<&'a OsStr> {
+        let _ = self.take(0)?;
+        let rest = self.parts[self.part].get(self.at..)?;
+        let end = rest.iter().position(|&c| c == 0)?;
+        self.at += end + 1;
+        Some(OsStr::from_bytes(&rest[..end]))
+    }
+    fn rest(&mut self) -> Option<&'a [u8]> {
+        let _ = self.take(0)?;
+        let r = self.parts[self.part].get(self.at..)?;
+        self.at += r.len();
+        Some(r)
+    }
+}
+
+/// Decodes one request (its fixed part and names as /dev/fuse carries them) and calls
+/// its handler. A body too short for its opcode is answered EINVAL, an opcode the
+/// server does not serve ENOSYS (as fuser's defaults answer).
+fn dispatch(fs: &WbFs, c: &RingCaller, opcode: u32, ino: INodeNo, mut b: Body<'_>, r: RingReply) {
+    if decode(fs, c, opcode, ino, &mut b, &r).is_none() {
+        r.error(Errno::EINVAL);
+    }
+}
+
+/// None: the body was too short; the reply is still unsent and goes back to the caller.
+fn decode(
+    fs: &WbFs,
+    c: &RingCaller,
+    opcode: u32,
+    ino: INodeNo,
+    b: &mut Body<'_>,
+    r: &RingReply,
+) -> Option<()> {
+    let r = || r.clone();
+    match opcode {
+        op::LOOKUP => {
+            let name = b.name()?;
+            fs.lookup(c, ino, name, r());
+        }
+        op::GETATTR => {
+            let flags = b.u32()?;
+            let _dummy = b.u32()?;
+            let fh = b.u64()?;
+            let fh = (flags & 1 != 0).then_some(FileHandle(fh));
+            fs.getattr(c, ino, fh, r());
+        }
+        op::SETATTR => {
+            let valid = b.u32()?;
+            let _pad = b.u32()?;
+            let fh = b.u64()?;
+            let size = b.u64()?;
+            let _lock_owner = b.u64()?;
+            let atime = b.u64()?;
+            let mtime = b.u64()?;
+            let _ctime = b.u64()?;
+            let atimensec = b.u32()?;
+            let mtimensec = b.u32()?;
+            let _ctimensec = b.u32()?;
+            let mode = b.u32()?;
+            let _unused4 = b.u32()?;
+            let uid = b.u32()?;
+            let gid = b.u32()?;
+            let set = |bit: u32| valid & bit != 0;
+            let time = |now: bool, s: u64, ns: u32| {
+                if now {
+                    TimeOrNow::Now
+                } else {
+                    TimeOrNow::SpecificTime(UNIX_EPOCH + Duration::new(s, ns))
+                }
+            };
+            // FATTR_MODE 1, UID 2, GID 4, SIZE 8, ATIME 16, MTIME 32, FH 64,
+            // ATIME_NOW 128, MTIME_NOW 256.
+            fs.setattr(
+                c,
+                ino,
+                set(1).then_some(mode),
+                set(2).then_some(uid),
+                set(4).then_some(gid),
+                set(8).then_some(size),
+                set(16).then(|| time(set(128), atime, atimensec)),
+                set(32).then(|| time(set(256), mtime, mtimensec)),
+                None::<SystemTime>,
+                set(64).then_some(FileHandle(fh)),
+                None,
+                None,
+                None,
+                None,
+                r(),
+            );
+        }
+        op::READLINK => fs.readlink(c, ino, r()),
+        op::SYMLINK => {
+            let name = b.name()?;
+            let target = b.name()?;
+            fs.symlink(c, ino, name, Path::new(target), r());
+        }
+        op::MKNOD => {
+            let mode = b.u32()?;
+            let rdev = b.u32()?;
+            let umask = b.u32()?;
+            let _pad = b.u32()?;
+            let name = b.name()?;
+            fs.mknod(c, ino, name, mode, umask, rdev, r());
+        }
+        op::MKDIR => {
+            let mode = b.u32()?;
+            let umask = b.u32()?;
+            let name = b.name()?;
+            fs.mkdir(c, ino, name, mode, umask, r());
+        }
+        op::UNLINK => fs.unlink(c, ino, b.name()?, r()),
+        op::RMDIR => fs.rmdir(c, ino, b.name()?, r()),
+        op::RENAME | op::RENAME2 => {
+            let newdir = b.u64()?;
+            let flags = if opcode == op::RENAME2 {
+                let f = b.u32()?;
+                let _pad = b.u32()?;
+                f
+            } else {
+                0
+            };
+            let name = b.name()?;
+            let newname = b.name()?;
+            let flags = RenameFlags::from_bits_retain(flags);
+            fs.rename(c, ino, name, INodeNo(newdir), newname, flags, r());
+        }
+        op::LINK => {
+            let old = b.u64()?;
+            let name = b.name()?;
+            fs.link(c, INodeNo(old), ino, name, r());
+        }
+        op::OPEN | op::OPENDIR => {
+            let flags = b.u32()?;
+            let _open_flags = b.u32()?;
+            if opcode == op::OPEN {
+                fs.open(c, ino, OpenFlags(flags as i32), r());
+            } else {
+                fs.opendir(c, ino, OpenFlags(flags as i32), r());
+            }
+        }
+        op::READ | op::READDIR => {
+            let fh = FileHandle(b.u64()?);
+            let offset = b.u64()?;
+            let size = b.u32()?;
+            let _read_flags = b.u32()?;
+            let lock_owner = b.u64()?;
+            let flags = b.u32()?;
+            if opcode == op::READ {
+                let lo = Some(LockOwner(lock_owner));
+                fs.read(c, ino, fh, offset, size, OpenFlags(flags as i32), lo, r());
+            } else {
+                let dir = DirOut::new(r(), size as usize);
+                fs.readdir(c, ino, fh, offset, dir);
+            }
+        }
+        op::WRITE => {
+            let fh = FileHandle(b.u64()?);
+            let offset = b.u64()?;
+            let size = b.u32()? as usize;
+            let write_flags = b.u32()?;
+            let lock_owner = b.u64()?;
+            let flags = b.u32()?;
+            let _pad = b.u32()?;
+            let data = b.rest()?.get(..size)?;
+            fs.write(
+                c,
+                ino,
+                fh,
+                offset,
+                data,
+                WriteFlags::from_bits_retain(write_flags),
+                OpenFlags(flags as i32),
+                Some(LockOwner(lock_owner)),
+                r(),
+            );
+        }
+        op::STATFS => fs.statfs(c, ino, r()),
+        op::RELEASE | op::RELEASEDIR => {
+            let fh = FileHandle(b.u64()?);
+            let flags = OpenFlags(b.u32()? as i32);
+            let release_flags = b.u32()?;
+            let lock_owner = b.u64()?;
+            if opcode == op::RELEASE {
+                // FUSE_RELEASE_FLUSH 1, FUSE_RELEASE_FLOCK_UNLOCK 2
+                let flush = release_flags & 1 != 0;
+                fs.release(c, ino, fh, flags, Some(LockOwner(lock_owner)), flush, r());
+            } else {
+                fs.releasedir(c, ino, fh, flags, r());
+            }
+        }
+        op::FSYNC | op::FSYNCDIR => {
+            let fh = FileHandle(b.u64()?);
+            let datasync = b.u32()? & 1 != 0;
+            if opcode == op::FSYNC {
+                fs.fsync(c, ino, fh, datasync, r());
+            } else {
+                fs.fsyncdir(c, ino, fh, datasync, r());
+            }
+        }
+        op::SETXATTR => {
+            let size = b.u32()? as usize;
+            let flags = b.u32()? as i32;
+            let name = b.name()?;
+            let value = b.rest()?.get(..size)?;
+            fs.setxattr(c, ino, name, value, flags, 0, r());
+        }
+        op::GETXATTR => {
+            let size = b.u32()?;
+            let _pad = b.u32()?;
+            fs.getxattr(c, ino, b.name()?, size, r());
+        }
+        op::LISTXATTR => {
+            let size = b.u32()?;
+            fs.listxattr(c, ino, size, r());
+        }
+        op::REMOVEXATTR => fs.removexattr(c, ino, b.name()?, r()),
+        op::FLUSH => {
+            let fh = FileHandle(b.u64()?);
+            let _unused = b.u32()?;
+            let _pad = b.u32()?;
+            let lock_owner = LockOwner(b.u64()?);
+            fs.flush(c, ino, fh, lock_owner, r());
+        }
+        op::ACCESS => {
+            let mask = b.u32()? as i32;
+            fs.access(c, ino, AccessFlags::from_bits_retain(mask), r());
+        }
+        op::CREATE => {
+            let flags = b.u32()? as i32;
+            let mode = b.u32()?;
+            let umask = b.u32()?;
+            let _open_flags = b.u32()?;
+            let name = b.name()?;
+            fs.create(c, ino, name, mode, umask, flags, r());
+        }
+        op::FALLOCATE => {
+            let fh = FileHandle(b.u64()?);
+            let offset = b.u64()?;
+            let length = b.u64()?;
+            let mode = b.u32()? as i32;
+            fs.fallocate(c, ino, fh, offset, length, mode, r());
+        }
+        op::LSEEK => {
+            let fh = FileHandle(b.u64()?);
+            let offset = b.u64()? as i64;
+            let whence = b.u32()? as i32;
+            fs.lseek(c, ino, fh, offset, whence, r());
+        }
+        // The connection's end: the volume unmounts when fuser's session ends.
+        op::DESTROY => EmptyReply::ok(r()),
+        _ => r().error(Errno::ENOSYS),
+    }
+    Some(())
+}
+
+/// A reply: the error (negative errno, 0) and the body after `fuse_out_header`.
+struct Out {
+    error: i32,
+    body: Vec<u8>,
+}
+
+/// Every kind of answer, encoded as /dev/fuse would carry it and sent to the ring
+/// thread that waits for it.
+#[derive(Clone)]
+struct RingReply {
+    tx: Sender<Out>,
+    /// The entry's payload size: no reply may be longer.
+    max: usize,
+}
+
+impl RingReply {
+    fn send(self, body: Vec<u8>) {
+        if body.len() > self.max {
+            return self.error(Errno::ERANGE);
+        }
+        let _ = self.tx.send(Out { error: 0, body });
+    }
+}
+
+impl Fail for RingReply {
+    fn error(self, e: Errno) {
+        let _ = self.tx.send(Out {
+            error: -i32::from(e),
+            body: Vec::new(),
+        });
+    }
+}
+
+fn put_u32(v: &mut Vec<u8>, x: u32) {
+    v.extend_from_slice(&x.to_ne_bytes());
+}
+
+fn put_u64(v: &mut Vec<u8>, x: u64) {
+    v.extend_from_slice(&x.to_ne_bytes());
+}
+
+fn secs_nsec(t: SystemTime) -> (u64, u32) {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs(), d.subsec_nanos()),
+        // Before 1970: the kernel's fuse_attr holds seconds as u64 of an i64.
+        Err(e) => {
+            let d = e.duration();
+            let (s, ns) = (d.as_secs() as i64, d.subsec_nanos());
+            if ns == 0 {
+                ((-s) as u64, 0)
+            } else {
+                ((-s - 1) as u64, 1_000_000_000 - ns)
+            }
+        }
+    }
+}
+
+fn mode_of(kind: FileType, perm: u16) -> u32 {
+    let t = match kind {
+        FileType::NamedPipe => libc::S_IFIFO,
+        FileType::CharDevice => libc::S_IFCHR,
+        FileType::BlockDevice => libc::S_IFBLK,
+        FileType::Directory => libc::S_IFDIR,
+        FileType::RegularFile => libc::S_IFREG,
+        FileType::Symlink => libc::S_IFLNK,
+        FileType::Socket => libc::S_IFSOCK,
+    };
+    t | u32::from(perm)
+}
+
+/// `struct fuse_attr` (88 bytes).
+fn put_attr(v: &mut Vec<u8>, a: &FileAttr) {
+    let (at, atn) = secs_nsec(a.atime);
+    let (mt, mtn) = secs_nsec(a.mtime);
+    let (ct, ctn) = secs_nsec(a.ctime);
+    for x in [a.ino.0, a.size, a.blocks, at, mt, ct] {
+        put_u64(v, x);
+    }
+    for x in [
+        atn,
+        mtn,
+        ctn,
+        mode_of(a.kind, a.perm),
+        a.nlink,
+        a.uid,
+        a.gid,
+        a.rdev,
+        a.blksize,
+        0,
+    ] {
+        put_u32(v, x);
+    }
+}
+
+/// `struct fuse_entry_out` (128 bytes).
+fn put_entry(v: &mut Vec<u8>, ttl: &Duration, a: &FileAttr, generation: Generation) {
+    put_u64(v, a.ino.0);
+    put_u64(v, generation.0);
+    put_u64(v, ttl.as_secs());
+    put_u64(v, ttl.as_secs());
+    put_u32(v, ttl.subsec_nanos());
+    put_u32(v, ttl.subsec_nanos());
+    put_attr(v, a);
+}
+
+fn put_open(v: &mut Vec<u8>, fh: FileHandle, flags: FopenFlags) {
+    put_u64(v, fh.0);
+    put_u32(v, flags.bits());
+    put_u32(v, 0);
+}
+
+impl EntryReply for RingReply {
+    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
+        let mut v = Vec::with_capacity(128);
+        put_entry(&mut v, ttl, attr, generation);
+        self.send(v)
+    }
+}
+
+impl AttrReply for RingReply {
+    fn attr(self, ttl: &Duration, attr: &FileAttr) {
+        let mut v = Vec::with_capacity(104);
+        put_u64(&mut v, ttl.as_secs());
+        put_u32(&mut v, ttl.subsec_nanos());
+        put_u32(&mut v, 0);
+        put_attr(&mut v, attr);
+        self.send(v)
+    }
+}
+
+impl EmptyReply for RingReply {
+    fn ok(self) {
+        self.send(Vec::new())
+    }
+}
+
+impl DataReply for RingReply {
+    fn data(self, data: &[u8]) {
+        self.send(data.to_vec())
+    }
+}
+
+impl OpenReply for RingReply {
+    fn opened(self, fh: FileHandle, flags: FopenFlags) {
+        let mut v = Vec::with_capacity(16);
+        put_open(&mut v, fh, flags);
+        self.send(v)
+    }
+}
+
+impl WriteReply for RingReply {
+    fn written(self, size: u32) {
+        let mut v = Vec::with_capacity(8);
+        put_u32(&mut v, size);
+        put_u32(&mut v, 0);
+        self.send(v)
+    }
+}
+
+impl CreateReply for RingReply {
+    fn created(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: FileHandle,
+        flags: FopenFlags,
+    ) {
+        let mut v = Vec::with_capacity(144);
+        put_entry(&mut v, ttl, attr, generation);
+        put_open(&mut v, fh, flags);
+        self.send(v)
+    }
+}
+
+impl StatfsReply for RingReply {
+    fn statfs(self, s: StatfsOut) {
+        let mut v = Vec::with_capacity(80);
+        for x in [s.blocks, s.bfree, s.bavail, s.files, s.ffree] {
+            put_u64(&mut v, x);
+        }
+        for x in [s.bsize, s.namelen, s.frsize, 0, 0, 0, 0, 0, 0, 0] {
+            put_u32(&mut v, x);
+        }
+        self.send(v)
+    }
+}
+
+impl XattrReply for RingReply {
+    fn size(self, size: u32) {
+        let mut v = Vec::with_capacity(8);
+        put_u32(&mut v, size);
+        put_u32(&mut v, 0);
+        self.send(v)
+    }
+    fn data(self, data: &[u8]) {
+        self.send(data.to_vec())
+    }
+}
+
+impl LseekReply for RingReply {
+    fn offset(self, offset: i64) {
+        let mut v = Vec::with_capacity(8);
+        put_u64(&mut v, offset as u64);
+        self.send(v)
+    }
+}
+
+/// A readdir reply: `struct fuse_dirent`s, each padded to 8 bytes, up to the size
+/// the kernel asked for.
+struct DirOut {
+    reply: RingReply,
+    buf: Vec<u8>,
+    max: usize,
+}
+
+impl DirOut {
+    fn new(reply: RingReply, max: usize) -> DirOut {
+        DirOut {
+            reply,
+            buf: Vec::new(),
+            max,
+        }
+    }
+}
+
+impl Fail for DirOut {
+    fn error(self, e: Errno) {
+        self.reply.error(e)
+    }
+}
+
+impl DirReply for DirOut {
+    fn add(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &OsStr) -> bool {
+        let name = name.as_bytes();
+        let len = (24 + name.len()).next_multiple_of(8);
+        if self.buf.len() + len > self.max {
+            return true;
+        }
+        put_u64(&mut self.buf, ino.0);
+        put_u64(&mut self.buf, offset);
+        put_u32(&mut self.buf, name.len() as u32);
+        put_u32(&mut self.buf, mode_of(kind, 0) >> 12);
+        self.buf.extend_from_slice(name);
+        self.buf.resize(self.buf.len().next_multiple_of(8), 0);
+        false
+    }
+    fn ok(self) {
+        self.reply.send(self.buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The decoder and the reply encoder against a volume on a simulated device,
+    //! without a kernel: requests laid out as the kernel lays them into a ring entry
+    //! (first argument in op_in, the rest in the payload), replies checked byte for
+    //! byte against the uapi structs' layouts.
+    use super::*;
+    use crate::server::UnmountResult;
+    use wbstack::block::{QueueConfig, RequestQueue};
+    use wbstack::fs::{MkfsOptions, MountOptions, Volume};
+
+    fn volume() -> Arc<WbFs> {
+        let q = RequestQueue::open("sim:ssd,size=1G", QueueConfig::default()).unwrap();
+        let o = MountOptions::default();
+        Volume::mkfs(&q, &MkfsOptions::for_mount(&o)).unwrap();
+        let vol = Volume::mount(q, o).unwrap();
+        Arc::new(WbFs::new(vol, 0, false, UnmountResult::default(), true))
+    }
+
+    const ROOT: RingCaller = RingCaller {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
+
+    /// Runs one request and returns (error, reply body).
+    fn call(fs: &WbFs, opcode: u32, ino: u64, head: &[u8], tail: &[u8]) -> (i32, Vec<u8>) {
+        let (tx, rx) = bounded(1);
+        let r = RingReply { tx, max: 1 << 20 };
+        dispatch(fs, &ROOT, opcode, INodeNo(ino), Body::new(head, tail), r);
+        let out = rx.recv().expect("every request is answered");
+        (out.error, out.body)
+    }
+
+    fn ne32(v: &mut Vec<u8>, x: u32) {
+        v.extend_from_slice(&x.to_ne_bytes());
+    }
+
+    fn ne64(v: &mut Vec<u8>, x: u64) {
+        v.extend_from_slice(&x.to_ne_bytes());
+    }
+
+    fn name(n: &str) -> Vec<u8> {
+        let mut v = n.as_bytes().to_vec();
+        v.push(0);
+        v
+    }
+
+    #[test]
+    fn create_write_read_lookup_readdir_and_unlink_decode_and_encode_as_the_kernel_expects() {
+        let fs = volume();
+        // CREATE: fuse_create_in { flags, mode, umask, open_flags } + name.
+        let mut head = Vec::new();
+        for x in [libc::O_RDWR as u32, 0o100644, 0o022, 0] {
+            ne32(&mut head, x);
+        }
+        let (err, body) = call(&fs, op::CREATE, 1, &head, &name("a"));
+        assert_eq!(err, 0);
+        // fuse_entry_out (128) + fuse_open_out (16).
+        assert_eq!(body.len(), 144);
+        let ino = u64_at(&body, 0);
+        assert!(ino > 1);
+        assert_eq!(u64_at(&body, 40), ino, "fuse_attr.ino");
+        let mode = u32_at(&body, 40 + 60);
+        assert_eq!(mode, libc::S_IFREG | 0o644, "fuse_attr.mode");
+        let fh = u64_at(&body, 128);
+
+        // WRITE: fuse_write_in (40 bytes) in op_in, the data in the payload.
+        let mut w = Vec::new();
+        ne64(&mut w, fh);
+        ne64(&mut w, 0);
+        ne32(&mut w, 5);
+        ne32(&mut w, 0);
+        ne64(&mut w, 0);
+        ne32(&mut w, 0);
+        ne32(&mut w, 0);
+        let (err, body) = call(&fs, op::WRITE, ino, &w, b"hello");
+        assert_eq!((err, body.len(), u32_at(&body, 0)), (0, 8, 5));
+
+        // READ: fuse_read_in (40 bytes).
+        let mut rd = Vec::new();
+        ne64(&mut rd, fh);
+        ne64(&mut rd, 1);
+        ne32(&mut rd, 100);
+        ne32(&mut rd, 0);
+        ne64(&mut rd, 0);
+        ne32(&mut rd, 0);
+        ne32(&mut rd, 0);
+        assert_eq!(call(&fs, op::READ, ino, &rd, &[]), (0, b"ello".to_vec()));
+
+        // LOOKUP: a zero-sized first argument, the name in the payload.
+        let (err, body) = call(&fs, op::LOOKUP, 1, &[], &name("a"));
+        assert_eq!((err, u64_at(&body, 0), u64_at(&body, 40 + 8)), (0, ino, 5));
+        // A missing name: a negative entry (inode 0) the kernel may cache.
+        let (err, body) = call(&fs, op::LOOKUP, 1, &[], &name("nope"));
+        assert_eq!((err, body.len(), u64_at(&body, 0)), (0, 128, 0));
+
+        // GETATTR: fuse_attr_out (104).
+        let mut g = Vec::new();
+        ne32(&mut g, 0);
+        ne32(&mut g, 0);
+        ne64(&mut g, 0);
+        let (err, body) = call(&fs, op::GETATTR, ino, &g, &[]);
+        assert_eq!((err, body.len(), u64_at(&body, 16 + 8)), (0, 104, 5));
+
+        // OPENDIR then READDIR: fuse_dirent records padded to 8 bytes.
+        let mut o = Vec::new();
+        ne32(&mut o, libc::O_RDONLY as u32);
+        ne32(&mut o, 0);
+        let (err, body) = call(&fs, op::OPENDIR, 1, &o, &[]);
+        assert_eq!(err, 0);
+        let dfh = u64_at(&body, 0);
+        let mut rd = Vec::new();
+        ne64(&mut rd, dfh);
+        ne64(&mut rd, 0);
+        ne32(&mut rd, 4096);
+        ne32(&mut rd, 0);
+        ne64(&mut rd, 0);
+        ne32(&mut rd, 0);
+        ne32(&mut rd, 0);
+        let (err, body) = call(&fs, op::READDIR, 1, &rd, &[]);
+        assert_eq!(err, 0);
+        let mut names = Vec::new();
+        let mut at = 0;
+        while at < body.len() {
+            let namelen = u32_at(&body, at + 16) as usize;
+            names.push(String::from_utf8(body[at + 24..at + 24 + namelen].to_vec()).unwrap());
+            at += (24 + namelen).next_multiple_of(8);
+        }
+        assert_eq!(at, body.len(), "records padded to 8 bytes, nothing after");
+        assert!(names.contains(&"a".to_string()) && names.contains(&".".to_string()));
+        // A buffer too small for the first record: an empty reply, not an error.
+        let mut small = rd.clone();
+        small[16..20].copy_from_slice(&8u32.to_ne_bytes());
+        assert_eq!(call(&fs, op::READDIR, 1, &small, &[]), (0, Vec::new()));
+
+        // STATFS: fuse_statfs_out (80).
+        let (err, body) = call(&fs, op::STATFS, 1, &[], &[]);
+        assert_eq!((err, body.len(), u32_at(&body, 40)), (0, 80, 4096));
+
+        // RELEASE, then UNLINK, then the name is gone.
+        let mut rel = Vec::new();
+        ne64(&mut rel, fh);
+        ne32(&mut rel, 0);
+        ne32(&mut rel, 0);
+        ne64(&mut rel, 0);
+        assert_eq!(call(&fs, op::RELEASE, ino, &rel, &[]), (0, Vec::new()));
+        assert_eq!(call(&fs, op::UNLINK, 1, &[], &name("a")), (0, Vec::new()));
+        let (_, body) = call(&fs, op::LOOKUP, 1, &[], &name("a"));
+        assert_eq!(u64_at(&body, 0), 0);
+    }
+
+    #[test]
+    fn short_bodies_unknown_opcodes_and_strangers_get_errors_not_panics() {
+        let fs = volume();
+        // A CREATE cut inside its fixed part, and one without its name's NUL.
+        assert_eq!(call(&fs, op::CREATE, 1, &[0; 6], &[]).0, -libc::EINVAL);
+        assert_eq!(call(&fs, op::CREATE, 1, &[0; 16], b"abc").0, -libc::EINVAL);
+        // A WRITE whose size says more than the payload holds.
+        let mut w = vec![0u8; 40];
+        w[16..20].copy_from_slice(&100u32.to_ne_bytes());
+        assert_eq!(call(&fs, op::WRITE, 1, &w, b"xy").0, -libc::EINVAL);
+        // An opcode not served (GETLK) and one unknown.
+        assert_eq!(call(&fs, 31, 1, &[0; 64], &[]).0, -libc::ENOSYS);
+        assert_eq!(call(&fs, 9999, 1, &[], &[]).0, -libc::ENOSYS);
+        // FORGET never reaches a ring; a stray one is refused, not served.
+        assert_eq!(call(&fs, 2, 1, &[0; 8], &[]).0, -libc::ENOSYS);
+    }
+
+    #[test]
+    fn a_body_is_read_across_op_in_and_the_payload() {
+        let head = 7u32.to_ne_bytes();
+        let mut tail = 9u64.to_ne_bytes().to_vec();
+        tail.extend_from_slice(b"n\0rest");
+        let mut b = Body::new(&head, &tail);
+        assert_eq!(b.u32(), Some(7));
+        assert_eq!(b.u64(), Some(9));
+        assert_eq!(b.name(), Some(OsStr::new("n")));
+        assert_eq!(b.rest(), Some(&b"rest"[..]));
+        assert_eq!(b.u32(), None);
+    }
+
+    #[test]
+    fn the_sqe_carries_the_iovec_count() {
+        let e = opcode::UringCmd80::new(types::Fd(3), 1).build();
+        let e = with_len(e, 2);
+        // SAFETY: as in with_len: the entry is 128 bytes of plain data.
+        let b: [u8; 128] = unsafe { std::mem::transmute(e) };
+        assert_eq!(u32::from_ne_bytes(b[24..28].try_into().unwrap()), 2);
+        assert_eq!(b[0], io_uring::opcode::UringCmd80::CODE);
+        assert_eq!(i32::from_ne_bytes(b[4..8].try_into().unwrap()), 3);
+    }
+}
