@@ -34,6 +34,11 @@ impl Caller for fuser::Request {
 /// waiter thread.
 pub trait Fail: Send + 'static {
     fn error(self, e: Errno);
+    /// Whether the handler may block before replying (an fsync waiting for its
+    /// commit) on the thread that called it.
+    fn may_block(&self) -> bool {
+        false
+    }
 }
 
 pub trait EntryReply: Fail {

@@ -348,8 +348,14 @@ impl WbFs {
         }
     }
 
-    /// Run `f` on a waiter thread (it may block for a journal commit).
-    fn defer(&self, f: impl FnOnce() + Send + 'static) {
+    /// Run `f`, which may block for a journal commit, where its reply's transport
+    /// lets it (`inline`: `Fail::may_block`): on the calling thread when that thread holds nothing another request
+    /// needs (a ring thread, whose one entry waits for this reply anyway), else on a
+    /// waiter thread (a /dev/fuse request thread serves every request).
+    fn defer(&self, inline: bool, f: impl FnOnce() + Send + 'static) {
+        if inline {
+            return f();
+        }
         if let Err(e) = self.waiters.send(Box::new(f)) {
             // The pool is gone only at teardown: run it here rather than drop a reply.
             (e.into_inner())();
@@ -783,7 +789,7 @@ impl WbFs {
             Ok(h) => h,
             Err(e) => return reply.error(e),
         };
-        self.defer(move || {
+        self.defer(reply.may_block(), move || {
             let Handle::File(f) = &*h else {
                 return reply.error(Errno::EBADF);
             };
@@ -872,7 +878,7 @@ impl WbFs {
         // A directory's entries are metadata: durable once the journal commits
         // everything up to now (the same commit that fsync of a file waits for).
         let vol = self.vol().clone();
-        self.defer(move || match vol.commit_now() {
+        self.defer(reply.may_block(), move || match vol.commit_now() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         });
@@ -1596,7 +1602,7 @@ impl WbFs {
     /// Streaming read of the trace ring: waits (on a waiter thread) until events
     /// arrive, so `cat trace` follows the volume as trace_pipe does.
     fn read_trace(&self, size: u32, reply: impl DataReply) {
-        self.defer(move || {
+        self.defer(reply.may_block(), move || {
             let deadline = std::time::Instant::now() + Duration::from_secs(1);
             loop {
                 let events = wbstack::trace::take_up_to(size as usize);

@@ -129,9 +129,10 @@ impl Rings {
         let queues = possible_cpus().map_err(|e| (e, no_threads()))?;
         let dev = Arc::new(dev);
         let mut threads = Vec::new();
-        let (ready_tx, ready_rx) = bounded::<std::io::Result<()>>(queues * per_queue);
+        let (ready_tx, ready_rx) = bounded::<std::io::Result<()>>(queues * per_queue.max(1));
         for qid in 0..queues {
-            for i in 0..per_queue.max(1) {
+            let threads_here = if online(qid) { per_queue.max(1) } else { 1 };
+            for i in 0..threads_here {
                 let (fs, dev, ready) = (fs.clone(), dev.clone(), ready_tx.clone());
                 let t = std::thread::Builder::new()
                     .name(format!("fuse-ring-{qid}.{i}"))
@@ -188,20 +189,29 @@ impl Rings {
 }
 
 /// The kernel makes one queue per possible CPU (`num_possible_cpus`) and the ring is
-/// ready only when every one has an entry.
-fn possible_cpus() -> std::io::Result<usize> {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
-    let mut n = 0;
-    for part in s.trim().split(',') {
+/// ready only when every one has an entry; only online CPUs' queues get requests, so
+/// an offline CPU's queue gets one thread, not `per_queue`.
+fn cpu_list(path: &str) -> std::io::Result<Vec<usize>> {
+    let s = std::fs::read_to_string(path)?;
+    let mut cpus = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         let (a, b): (usize, usize) = (
             a.parse().map_err(std::io::Error::other)?,
             b.parse().map_err(std::io::Error::other)?,
         );
-        n = n.max(b + 1);
-        debug_assert!(a <= b);
+        cpus.extend(a..=b);
     }
-    Ok(n)
+    Ok(cpus)
+}
+
+fn possible_cpus() -> std::io::Result<usize> {
+    let cpus = cpu_list("/sys/devices/system/cpu/possible")?;
+    Ok(cpus.iter().max().map_or(1, |m| m + 1))
+}
+
+fn online(cpu: usize) -> bool {
+    cpu_list("/sys/devices/system/cpu/online").map_or(true, |c| c.contains(&cpu))
 }
 
 fn pin_to(cpu: usize) {
@@ -776,6 +786,11 @@ impl Fail for RingReply {
             body: Vec::new(),
         });
     }
+    /// A ring thread's one entry waits for this reply whatever the handler does, and
+    /// the kernel gives the CPU's next request to another thread's entry.
+    fn may_block(&self) -> bool {
+        true
+    }
 }
 
 fn put_u32(v: &mut Vec<u8>, x: u32) {
@@ -1164,6 +1179,44 @@ mod tests {
         assert_eq!(call(&fs, 9999, 1, &[], &[]).0, -libc::ENOSYS);
         // FORGET never reaches a ring; a stray one is refused, not served.
         assert_eq!(call(&fs, 2, 1, &[0; 8], &[]).0, -libc::ENOSYS);
+    }
+
+    #[test]
+    fn an_fsync_is_answered_on_the_ring_thread_itself() {
+        let fs = volume();
+        let mut head = Vec::new();
+        for x in [libc::O_RDWR as u32, 0o100644, 0, 0] {
+            ne32(&mut head, x);
+        }
+        let (_, body) = call(&fs, op::CREATE, 1, &head, &name("f"));
+        let (ino, fh) = (u64_at(&body, 0), u64_at(&body, 128));
+        let mut f = Vec::new();
+        ne64(&mut f, fh);
+        ne32(&mut f, 0);
+        ne32(&mut f, 0);
+        // The reply is there when dispatch returns: no waiter thread took it (the
+        // ring thread's one entry waits for it anyway).
+        let (tx, rx) = bounded(1);
+        let r = RingReply { tx, max: 1 << 20 };
+        dispatch(&fs, &ROOT, op::FSYNC, INodeNo(ino), Body::new(&f, &[]), r);
+        let out = rx.try_recv().expect("answered inline");
+        assert_eq!((out.error, out.body.len()), (0, 0));
+    }
+
+    #[test]
+    fn cpu_lists_parse_as_the_kernel_prints_them() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("l");
+        for (text, want) in [
+            ("0-1\n", vec![0, 1]),
+            ("0\n", vec![0]),
+            ("0-2,5,7-8\n", vec![0, 1, 2, 5, 7, 8]),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            assert_eq!(cpu_list(p.to_str().unwrap()).unwrap(), want, "{text}");
+        }
+        std::fs::write(&p, "x-1").unwrap();
+        assert!(cpu_list(p.to_str().unwrap()).is_err());
     }
 
     #[test]
