@@ -3,7 +3,7 @@
 //! `ctl.rs` the control directory, `counters.rs` counts what crossed.
 //!
 //! A request's path: the kernel's FUSE module → a ring entry of the caller's CPU
-//! (FUSE over io_uring, `uring.rs`, when the kernel allows it) or /dev/fuse (one
+//! (FUSE over io_uring, `uring/`, when the kernel allows it) or /dev/fuse (one
 //! cloned fd per request thread, `Config::clone_fd`, through fuser's event loop) → a
 //! `WbFs` handler (`reply.rs`: what a handler needs of either transport) → the
 //! Volume's inode API (`wbstack::fs::ops`, permission checks in `fs::perm`) → page
@@ -39,7 +39,7 @@ pub struct MountConfig {
     pub read_only: bool,
     /// Source name shown in /proc/mounts.
     pub fsname: String,
-    /// FUSE over io_uring (`uring.rs`): Auto uses it when the kernel allows it.
+    /// FUSE over io_uring (`uring/`): Auto uses it when the kernel allows it.
     pub uring: UringMode,
     /// Ring threads per CPU's queue, each with one ring entry: how many requests of
     /// one CPU may be in progress at once (fsyncs waiting for a commit among them).

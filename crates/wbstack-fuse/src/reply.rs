@@ -3,7 +3,7 @@
 //! The handlers (`server.rs`) are written against these traits, not against fuser's
 //! types, so that one handler serves both transports: fuser's reads of /dev/fuse
 //! (its `Reply*` types implement the traits here by delegation) and FUSE over
-//! io_uring (`uring.rs`, whose one reply type encodes every kind of answer into its
+//! io_uring (`uring/`, whose one reply type encodes every kind of answer into its
 //! ring entry). fuser's request parsing and reply types are private to it, so a
 //! transport of our own could not reuse them.
 

@@ -13,6 +13,8 @@ pub struct WbsMount {
     pub mnt: PathBuf,
     pub pid: Option<u32>,
     pub commands: Vec<String>,
+    /// Threads serving FUSE over io_uring (0: requests come through /dev/fuse).
+    pub ring_threads: u64,
     mounted: bool,
 }
 
@@ -52,6 +54,7 @@ impl WbsMount {
             mnt: mnt.clone(),
             pid: None,
             commands: Vec::new(),
+            ring_threads: 0,
             mounted: false,
         };
         let mkfs = vec![
@@ -79,6 +82,14 @@ impl WbsMount {
                 .parse()
                 .map_err(|e| format!("{}: '{}': {e}", pid_file.display(), pid.trim()))?,
         );
+        let stat_file = mnt.join(".wbstack/stat");
+        let stat = std::fs::read_to_string(&stat_file)
+            .map_err(|e| format!("{}: {e}", stat_file.display()))?;
+        m.ring_threads = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("fuse_ring_threads "))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| format!("{}: no fuse_ring_threads line", stat_file.display()))?;
         Ok(m)
     }
 
@@ -88,11 +99,16 @@ impl WbsMount {
 
     pub fn setup(&self) -> String {
         format!(
-            "wbstack FUSE mount of {} ({} sparse, wbstack mkfs defaults) on {}, daemon pid {}; device figures from .wbstack/diskstats (flushes: empty flushes and the flush of each PREFLUSH write, as the kernel counts them)",
+            "wbstack FUSE mount of {} ({} sparse, wbstack mkfs defaults) on {}, daemon pid {}, requests through {}; device figures from .wbstack/diskstats (flushes: empty flushes and the flush of each PREFLUSH write, as the kernel counts them)",
             self.image.display(),
             super::loopdev::IMAGE_SIZE,
             self.mnt.display(),
-            self.pid.map_or("?".into(), |p| p.to_string())
+            self.pid.map_or("?".into(), |p| p.to_string()),
+            if self.ring_threads > 0 {
+                format!("FUSE over io_uring ({} ring threads)", self.ring_threads)
+            } else {
+                "/dev/fuse".to_string()
+            }
         )
     }
 

@@ -20,27 +20,23 @@
 //!
 //! The connection's set-up (INIT), FORGET and INTERRUPT stay on /dev/fuse, read by
 //! fuser's threads; every other request comes through the rings once each CPU's queue
-//! has an entry. Requests are decoded here (fuser's parsing is private to it) and go
-//! to the same `WbFs` handlers as fuser's, through the traits of `reply.rs`.
+//! has an entry. Requests are decoded in `decode.rs` (fuser's parsing is private to it)
+//! and go to the same `WbFs` handlers as fuser's, through the traits of `reply.rs`;
+//! `encode.rs` lays out the replies. This file is the transport.
 
-use crate::reply::{
-    AttrReply, Caller, CreateReply, DataReply, DirReply, EmptyReply, EntryReply, Fail, LseekReply,
-    OpenReply, StatfsOut, StatfsReply, WriteReply, XattrReply,
-};
+mod decode;
+mod encode;
+
+use crate::reply::Fail;
 use crate::server::WbFs;
 use crossbeam_channel::{bounded, Receiver, Sender};
-use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, LockOwner,
-    OpenFlags, RenameFlags, TimeOrNow, WriteFlags,
-};
+use decode::{dispatch, nobodys, Body, RingCaller};
+use encode::{Out, RingReply};
+use fuser::{Errno, INodeNo};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
-use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Where the fuse module says whether io_uring may be used.
 pub const ENABLE_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -60,41 +56,6 @@ const OP_IN_BYTES: usize = 128;
 const ENT_IN_OUT: usize = 256;
 const IN_HEADER: usize = 40;
 const OUT_HEADER: usize = 16;
-
-mod op {
-    pub const LOOKUP: u32 = 1;
-    pub const GETATTR: u32 = 3;
-    pub const SETATTR: u32 = 4;
-    pub const READLINK: u32 = 5;
-    pub const SYMLINK: u32 = 6;
-    pub const MKNOD: u32 = 8;
-    pub const MKDIR: u32 = 9;
-    pub const UNLINK: u32 = 10;
-    pub const RMDIR: u32 = 11;
-    pub const RENAME: u32 = 12;
-    pub const LINK: u32 = 13;
-    pub const OPEN: u32 = 14;
-    pub const READ: u32 = 15;
-    pub const WRITE: u32 = 16;
-    pub const STATFS: u32 = 17;
-    pub const RELEASE: u32 = 18;
-    pub const FSYNC: u32 = 20;
-    pub const SETXATTR: u32 = 21;
-    pub const GETXATTR: u32 = 22;
-    pub const LISTXATTR: u32 = 23;
-    pub const REMOVEXATTR: u32 = 24;
-    pub const FLUSH: u32 = 25;
-    pub const OPENDIR: u32 = 27;
-    pub const READDIR: u32 = 28;
-    pub const RELEASEDIR: u32 = 29;
-    pub const FSYNCDIR: u32 = 30;
-    pub const ACCESS: u32 = 34;
-    pub const CREATE: u32 = 35;
-    pub const DESTROY: u32 = 38;
-    pub const FALLOCATE: u32 = 43;
-    pub const RENAME2: u32 = 45;
-    pub const LSEEK: u32 = 46;
-}
 
 /// Which callers may use the mount: fuser's `SessionACL::Owner` rule, kept here too.
 #[derive(Clone, Copy, Debug)]
@@ -386,7 +347,9 @@ impl Queue {
             reply.error(Errno::EACCES);
         } else {
             let body = Body::new(&h[OP_IN..OP_IN + arg0], &self.payload[..payload_sz]);
-            dispatch(fs, &caller, opcode, INodeNo(nodeid), body, reply);
+            contained(opcode, || {
+                dispatch(fs, &caller, opcode, INodeNo(nodeid), body, reply)
+            });
         }
         self.finish(unique, rx)
     }
@@ -412,6 +375,22 @@ impl Queue {
     }
 }
 
+/// Runs a handler so that a panic in it (a bug) answers its request EIO and leaves
+/// the ring thread serving: the reply it owned is dropped as the panic unwinds, so
+/// `finish` sees no reply. Uncaught, the panic would end the thread with its entry
+/// held and its caller waiting until the mount ends. A panic while holding the
+/// volume's state lock has already failed the volume (`SpinMutex::with_on_panic`).
+fn contained(opcode: u32, f: impl FnOnce()) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("wbstack mount: a handler panicked serving FUSE opcode {opcode}: {msg}");
+    }
+}
+
 /// Sets the SQE's `len`, which FUSE's commands read as the iovec count and which the
 /// io-uring crate's UringCmd80 builder has no field for.
 fn with_len(e: squeue::Entry128, len: u32) -> squeue::Entry128 {
@@ -426,21 +405,6 @@ fn with_len(e: squeue::Entry128, len: u32) -> squeue::Entry128 {
     }
 }
 
-/// Requests the kernel may send with any uid (fuser's list for `SessionACL::Owner`).
-fn nobodys(opcode: u32) -> bool {
-    matches!(
-        opcode,
-        op::DESTROY
-            | op::READ
-            | op::READDIR
-            | op::WRITE
-            | op::FSYNC
-            | op::FSYNCDIR
-            | op::RELEASE
-            | op::RELEASEDIR
-    )
-}
-
 fn u32_at(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4)
         .map_or(0, |x| u32::from_ne_bytes(x.try_into().unwrap_or_default()))
@@ -451,575 +415,17 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
         .map_or(0, |x| u64::from_ne_bytes(x.try_into().unwrap_or_default()))
 }
 
-struct RingCaller {
-    uid: u32,
-    gid: u32,
-    pid: u32,
-}
-
-impl Caller for RingCaller {
-    fn uid(&self) -> u32 {
-        self.uid
-    }
-    fn gid(&self) -> u32 {
-        self.gid
-    }
-    fn pid(&self) -> u32 {
-        self.pid
-    }
-}
-
-/// A request's body as /dev/fuse would carry it: its first argument (the fixed part,
-/// in the entry's op_in) then the rest (names, data: the payload). Read in order; no
-/// field straddles the two.
-struct Body<'a> {
-    parts: [&'a [u8]; 2],
-    part: usize,
-    at: usize,
-}
-
-impl<'a> Body<'a> {
-    fn new(head: &'a [u8], tail: &'a [u8]) -> Body<'a> {
-        Body {
-            parts: [head, tail],
-            part: 0,
-            at: 0,
-        }
-    }
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.part == 0 && self.at == self.parts[0].len() {
-            (self.part, self.at) = (1, 0);
-        }
-        let v = self.parts.get(self.part)?.get(self.at..self.at + n)?;
-        self.at += n;
-        Some(v)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_ne_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_ne_bytes(self.take(8)?.try_into().ok()?))
-    }
-    fn name(&mut self) -> Option<&'a OsStr> {
-        let _ = self.take(0)?;
-        let rest = self.parts[self.part].get(self.at..)?;
-        let end = rest.iter().position(|&c| c == 0)?;
-        self.at += end + 1;
-        Some(OsStr::from_bytes(&rest[..end]))
-    }
-    fn rest(&mut self) -> Option<&'a [u8]> {
-        let _ = self.take(0)?;
-        let r = self.parts[self.part].get(self.at..)?;
-        self.at += r.len();
-        Some(r)
-    }
-}
-
-/// Decodes one request (its fixed part and names as /dev/fuse carries them) and calls
-/// its handler. A body too short for its opcode is answered EINVAL, an opcode the
-/// server does not serve ENOSYS (as fuser's defaults answer).
-fn dispatch(fs: &WbFs, c: &RingCaller, opcode: u32, ino: INodeNo, mut b: Body<'_>, r: RingReply) {
-    if decode(fs, c, opcode, ino, &mut b, &r).is_none() {
-        r.error(Errno::EINVAL);
-    }
-}
-
-/// None: the body was too short; the reply is still unsent and goes back to the caller.
-fn decode(
-    fs: &WbFs,
-    c: &RingCaller,
-    opcode: u32,
-    ino: INodeNo,
-    b: &mut Body<'_>,
-    r: &RingReply,
-) -> Option<()> {
-    let r = || r.clone();
-    match opcode {
-        op::LOOKUP => {
-            let name = b.name()?;
-            fs.lookup(c, ino, name, r());
-        }
-        op::GETATTR => {
-            let flags = b.u32()?;
-            let _dummy = b.u32()?;
-            let fh = b.u64()?;
-            let fh = (flags & 1 != 0).then_some(FileHandle(fh));
-            fs.getattr(c, ino, fh, r());
-        }
-        op::SETATTR => {
-            let valid = b.u32()?;
-            let _pad = b.u32()?;
-            let fh = b.u64()?;
-            let size = b.u64()?;
-            let _lock_owner = b.u64()?;
-            let atime = b.u64()?;
-            let mtime = b.u64()?;
-            let _ctime = b.u64()?;
-            let atimensec = b.u32()?;
-            let mtimensec = b.u32()?;
-            let _ctimensec = b.u32()?;
-            let mode = b.u32()?;
-            let _unused4 = b.u32()?;
-            let uid = b.u32()?;
-            let gid = b.u32()?;
-            let set = |bit: u32| valid & bit != 0;
-            let time = |now: bool, s: u64, ns: u32| {
-                if now {
-                    TimeOrNow::Now
-                } else {
-                    TimeOrNow::SpecificTime(UNIX_EPOCH + Duration::new(s, ns))
-                }
-            };
-            // FATTR_MODE 1, UID 2, GID 4, SIZE 8, ATIME 16, MTIME 32, FH 64,
-            // ATIME_NOW 128, MTIME_NOW 256.
-            fs.setattr(
-                c,
-                ino,
-                set(1).then_some(mode),
-                set(2).then_some(uid),
-                set(4).then_some(gid),
-                set(8).then_some(size),
-                set(16).then(|| time(set(128), atime, atimensec)),
-                set(32).then(|| time(set(256), mtime, mtimensec)),
-                None::<SystemTime>,
-                set(64).then_some(FileHandle(fh)),
-                None,
-                None,
-                None,
-                None,
-                r(),
-            );
-        }
-        op::READLINK => fs.readlink(c, ino, r()),
-        op::SYMLINK => {
-            let name = b.name()?;
-            let target = b.name()?;
-            fs.symlink(c, ino, name, Path::new(target), r());
-        }
-        op::MKNOD => {
-            let mode = b.u32()?;
-            let rdev = b.u32()?;
-            let umask = b.u32()?;
-            let _pad = b.u32()?;
-            let name = b.name()?;
-            fs.mknod(c, ino, name, mode, umask, rdev, r());
-        }
-        op::MKDIR => {
-            let mode = b.u32()?;
-            let umask = b.u32()?;
-            let name = b.name()?;
-            fs.mkdir(c, ino, name, mode, umask, r());
-        }
-        op::UNLINK => fs.unlink(c, ino, b.name()?, r()),
-        op::RMDIR => fs.rmdir(c, ino, b.name()?, r()),
-        op::RENAME | op::RENAME2 => {
-            let newdir = b.u64()?;
-            let flags = if opcode == op::RENAME2 {
-                let f = b.u32()?;
-                let _pad = b.u32()?;
-                f
-            } else {
-                0
-            };
-            let name = b.name()?;
-            let newname = b.name()?;
-            let flags = RenameFlags::from_bits_retain(flags);
-            fs.rename(c, ino, name, INodeNo(newdir), newname, flags, r());
-        }
-        op::LINK => {
-            let old = b.u64()?;
-            let name = b.name()?;
-            fs.link(c, INodeNo(old), ino, name, r());
-        }
-        op::OPEN | op::OPENDIR => {
-            let flags = b.u32()?;
-            let _open_flags = b.u32()?;
-            if opcode == op::OPEN {
-                fs.open(c, ino, OpenFlags(flags as i32), r());
-            } else {
-                fs.opendir(c, ino, OpenFlags(flags as i32), r());
-            }
-        }
-        op::READ | op::READDIR => {
-            let fh = FileHandle(b.u64()?);
-            let offset = b.u64()?;
-            let size = b.u32()?;
-            let _read_flags = b.u32()?;
-            let lock_owner = b.u64()?;
-            let flags = b.u32()?;
-            if opcode == op::READ {
-                let lo = Some(LockOwner(lock_owner));
-                fs.read(c, ino, fh, offset, size, OpenFlags(flags as i32), lo, r());
-            } else {
-                let dir = DirOut::new(r(), size as usize);
-                fs.readdir(c, ino, fh, offset, dir);
-            }
-        }
-        op::WRITE => {
-            let fh = FileHandle(b.u64()?);
-            let offset = b.u64()?;
-            let size = b.u32()? as usize;
-            let write_flags = b.u32()?;
-            let lock_owner = b.u64()?;
-            let flags = b.u32()?;
-            let _pad = b.u32()?;
-            let data = b.rest()?.get(..size)?;
-            fs.write(
-                c,
-                ino,
-                fh,
-                offset,
-                data,
-                WriteFlags::from_bits_retain(write_flags),
-                OpenFlags(flags as i32),
-                Some(LockOwner(lock_owner)),
-                r(),
-            );
-        }
-        op::STATFS => fs.statfs(c, ino, r()),
-        op::RELEASE | op::RELEASEDIR => {
-            let fh = FileHandle(b.u64()?);
-            let flags = OpenFlags(b.u32()? as i32);
-            let release_flags = b.u32()?;
-            let lock_owner = b.u64()?;
-            if opcode == op::RELEASE {
-                // FUSE_RELEASE_FLUSH 1, FUSE_RELEASE_FLOCK_UNLOCK 2
-                let flush = release_flags & 1 != 0;
-                fs.release(c, ino, fh, flags, Some(LockOwner(lock_owner)), flush, r());
-            } else {
-                fs.releasedir(c, ino, fh, flags, r());
-            }
-        }
-        op::FSYNC | op::FSYNCDIR => {
-            let fh = FileHandle(b.u64()?);
-            let datasync = b.u32()? & 1 != 0;
-            if opcode == op::FSYNC {
-                fs.fsync(c, ino, fh, datasync, r());
-            } else {
-                fs.fsyncdir(c, ino, fh, datasync, r());
-            }
-        }
-        op::SETXATTR => {
-            let size = b.u32()? as usize;
-            let flags = b.u32()? as i32;
-            let name = b.name()?;
-            let value = b.rest()?.get(..size)?;
-            fs.setxattr(c, ino, name, value, flags, 0, r());
-        }
-        op::GETXATTR => {
-            let size = b.u32()?;
-            let _pad = b.u32()?;
-            fs.getxattr(c, ino, b.name()?, size, r());
-        }
-        op::LISTXATTR => {
-            let size = b.u32()?;
-            fs.listxattr(c, ino, size, r());
-        }
-        op::REMOVEXATTR => fs.removexattr(c, ino, b.name()?, r()),
-        op::FLUSH => {
-            let fh = FileHandle(b.u64()?);
-            let _unused = b.u32()?;
-            let _pad = b.u32()?;
-            let lock_owner = LockOwner(b.u64()?);
-            fs.flush(c, ino, fh, lock_owner, r());
-        }
-        op::ACCESS => {
-            let mask = b.u32()? as i32;
-            fs.access(c, ino, AccessFlags::from_bits_retain(mask), r());
-        }
-        op::CREATE => {
-            let flags = b.u32()? as i32;
-            let mode = b.u32()?;
-            let umask = b.u32()?;
-            let _open_flags = b.u32()?;
-            let name = b.name()?;
-            fs.create(c, ino, name, mode, umask, flags, r());
-        }
-        op::FALLOCATE => {
-            let fh = FileHandle(b.u64()?);
-            let offset = b.u64()?;
-            let length = b.u64()?;
-            let mode = b.u32()? as i32;
-            fs.fallocate(c, ino, fh, offset, length, mode, r());
-        }
-        op::LSEEK => {
-            let fh = FileHandle(b.u64()?);
-            let offset = b.u64()? as i64;
-            let whence = b.u32()? as i32;
-            fs.lseek(c, ino, fh, offset, whence, r());
-        }
-        // The connection's end: the volume unmounts when fuser's session ends.
-        op::DESTROY => EmptyReply::ok(r()),
-        _ => r().error(Errno::ENOSYS),
-    }
-    Some(())
-}
-
-/// A reply: the error (negative errno, 0) and the body after `fuse_out_header`.
-struct Out {
-    error: i32,
-    body: Vec<u8>,
-}
-
-/// Every kind of answer, encoded as /dev/fuse would carry it and sent to the ring
-/// thread that waits for it.
-#[derive(Clone)]
-struct RingReply {
-    tx: Sender<Out>,
-    /// The entry's payload size: no reply may be longer.
-    max: usize,
-}
-
-impl RingReply {
-    fn send(self, body: Vec<u8>) {
-        if body.len() > self.max {
-            return self.error(Errno::ERANGE);
-        }
-        let _ = self.tx.send(Out { error: 0, body });
-    }
-}
-
-impl Fail for RingReply {
-    fn error(self, e: Errno) {
-        let _ = self.tx.send(Out {
-            error: -i32::from(e),
-            body: Vec::new(),
-        });
-    }
-    /// A ring thread's one entry waits for this reply whatever the handler does, and
-    /// the kernel gives the CPU's next request to another thread's entry.
-    fn may_block(&self) -> bool {
-        true
-    }
-}
-
-fn put_u32(v: &mut Vec<u8>, x: u32) {
-    v.extend_from_slice(&x.to_ne_bytes());
-}
-
-fn put_u64(v: &mut Vec<u8>, x: u64) {
-    v.extend_from_slice(&x.to_ne_bytes());
-}
-
-fn secs_nsec(t: SystemTime) -> (u64, u32) {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => (d.as_secs(), d.subsec_nanos()),
-        // Before 1970: the kernel's fuse_attr holds seconds as u64 of an i64.
-        Err(e) => {
-            let d = e.duration();
-            let (s, ns) = (d.as_secs() as i64, d.subsec_nanos());
-            if ns == 0 {
-                ((-s) as u64, 0)
-            } else {
-                ((-s - 1) as u64, 1_000_000_000 - ns)
-            }
-        }
-    }
-}
-
-fn mode_of(kind: FileType, perm: u16) -> u32 {
-    let t = match kind {
-        FileType::NamedPipe => libc::S_IFIFO,
-        FileType::CharDevice => libc::S_IFCHR,
-        FileType::BlockDevice => libc::S_IFBLK,
-        FileType::Directory => libc::S_IFDIR,
-        FileType::RegularFile => libc::S_IFREG,
-        FileType::Symlink => libc::S_IFLNK,
-        FileType::Socket => libc::S_IFSOCK,
-    };
-    t | u32::from(perm)
-}
-
-/// `struct fuse_attr` (88 bytes).
-fn put_attr(v: &mut Vec<u8>, a: &FileAttr) {
-    let (at, atn) = secs_nsec(a.atime);
-    let (mt, mtn) = secs_nsec(a.mtime);
-    let (ct, ctn) = secs_nsec(a.ctime);
-    for x in [a.ino.0, a.size, a.blocks, at, mt, ct] {
-        put_u64(v, x);
-    }
-    for x in [
-        atn,
-        mtn,
-        ctn,
-        mode_of(a.kind, a.perm),
-        a.nlink,
-        a.uid,
-        a.gid,
-        a.rdev,
-        a.blksize,
-        0,
-    ] {
-        put_u32(v, x);
-    }
-}
-
-/// `struct fuse_entry_out` (128 bytes).
-fn put_entry(v: &mut Vec<u8>, ttl: &Duration, a: &FileAttr, generation: Generation) {
-    put_u64(v, a.ino.0);
-    put_u64(v, generation.0);
-    put_u64(v, ttl.as_secs());
-    put_u64(v, ttl.as_secs());
-    put_u32(v, ttl.subsec_nanos());
-    put_u32(v, ttl.subsec_nanos());
-    put_attr(v, a);
-}
-
-fn put_open(v: &mut Vec<u8>, fh: FileHandle, flags: FopenFlags) {
-    put_u64(v, fh.0);
-    put_u32(v, flags.bits());
-    put_u32(v, 0);
-}
-
-impl EntryReply for RingReply {
-    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
-        let mut v = Vec::with_capacity(128);
-        put_entry(&mut v, ttl, attr, generation);
-        self.send(v)
-    }
-}
-
-impl AttrReply for RingReply {
-    fn attr(self, ttl: &Duration, attr: &FileAttr) {
-        let mut v = Vec::with_capacity(104);
-        put_u64(&mut v, ttl.as_secs());
-        put_u32(&mut v, ttl.subsec_nanos());
-        put_u32(&mut v, 0);
-        put_attr(&mut v, attr);
-        self.send(v)
-    }
-}
-
-impl EmptyReply for RingReply {
-    fn ok(self) {
-        self.send(Vec::new())
-    }
-}
-
-impl DataReply for RingReply {
-    fn data(self, data: &[u8]) {
-        self.send(data.to_vec())
-    }
-}
-
-impl OpenReply for RingReply {
-    fn opened(self, fh: FileHandle, flags: FopenFlags) {
-        let mut v = Vec::with_capacity(16);
-        put_open(&mut v, fh, flags);
-        self.send(v)
-    }
-}
-
-impl WriteReply for RingReply {
-    fn written(self, size: u32) {
-        let mut v = Vec::with_capacity(8);
-        put_u32(&mut v, size);
-        put_u32(&mut v, 0);
-        self.send(v)
-    }
-}
-
-impl CreateReply for RingReply {
-    fn created(
-        self,
-        ttl: &Duration,
-        attr: &FileAttr,
-        generation: Generation,
-        fh: FileHandle,
-        flags: FopenFlags,
-    ) {
-        let mut v = Vec::with_capacity(144);
-        put_entry(&mut v, ttl, attr, generation);
-        put_open(&mut v, fh, flags);
-        self.send(v)
-    }
-}
-
-impl StatfsReply for RingReply {
-    fn statfs(self, s: StatfsOut) {
-        let mut v = Vec::with_capacity(80);
-        for x in [s.blocks, s.bfree, s.bavail, s.files, s.ffree] {
-            put_u64(&mut v, x);
-        }
-        for x in [s.bsize, s.namelen, s.frsize, 0, 0, 0, 0, 0, 0, 0] {
-            put_u32(&mut v, x);
-        }
-        self.send(v)
-    }
-}
-
-impl XattrReply for RingReply {
-    fn size(self, size: u32) {
-        let mut v = Vec::with_capacity(8);
-        put_u32(&mut v, size);
-        put_u32(&mut v, 0);
-        self.send(v)
-    }
-    fn data(self, data: &[u8]) {
-        self.send(data.to_vec())
-    }
-}
-
-impl LseekReply for RingReply {
-    fn offset(self, offset: i64) {
-        let mut v = Vec::with_capacity(8);
-        put_u64(&mut v, offset as u64);
-        self.send(v)
-    }
-}
-
-/// A readdir reply: `struct fuse_dirent`s, each padded to 8 bytes, up to the size
-/// the kernel asked for.
-struct DirOut {
-    reply: RingReply,
-    buf: Vec<u8>,
-    max: usize,
-}
-
-impl DirOut {
-    fn new(reply: RingReply, max: usize) -> DirOut {
-        DirOut {
-            reply,
-            buf: Vec::new(),
-            max,
-        }
-    }
-}
-
-impl Fail for DirOut {
-    fn error(self, e: Errno) {
-        self.reply.error(e)
-    }
-}
-
-impl DirReply for DirOut {
-    fn add(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &OsStr) -> bool {
-        let name = name.as_bytes();
-        let len = (24 + name.len()).next_multiple_of(8);
-        if self.buf.len() + len > self.max {
-            return true;
-        }
-        put_u64(&mut self.buf, ino.0);
-        put_u64(&mut self.buf, offset);
-        put_u32(&mut self.buf, name.len() as u32);
-        put_u32(&mut self.buf, mode_of(kind, 0) >> 12);
-        self.buf.extend_from_slice(name);
-        self.buf.resize(self.buf.len().next_multiple_of(8), 0);
-        false
-    }
-    fn ok(self) {
-        self.reply.send(self.buf)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     //! The decoder and the reply encoder against a volume on a simulated device,
     //! without a kernel: requests laid out as the kernel lays them into a ring entry
     //! (first argument in op_in, the rest in the payload), replies checked byte for
     //! byte against the uapi structs' layouts.
+    use super::decode::op;
     use super::*;
+    use crate::reply::EmptyReply;
     use crate::server::UnmountResult;
+    use std::ffi::OsStr;
     use wbstack::block::{QueueConfig, RequestQueue};
     use wbstack::fs::{MkfsOptions, MountOptions, Volume};
 
@@ -1201,6 +607,22 @@ mod tests {
         dispatch(&fs, &ROOT, op::FSYNC, INodeNo(ino), Body::new(&f, &[]), r);
         let out = rx.try_recv().expect("answered inline");
         assert_eq!((out.error, out.body.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_handler_that_panics_answers_eio_and_the_thread_goes_on() {
+        let (tx, rx) = bounded::<Out>(1);
+        let r = RingReply { tx, max: 16 };
+        contained(1, move || {
+            let _owned = r;
+            panic!("a bug (test)");
+        });
+        // No reply was sent and none can be: finish answers EIO.
+        assert!(rx.recv().is_err());
+        let (tx, rx) = bounded::<Out>(1);
+        let r = RingReply { tx, max: 16 };
+        contained(1, move || EmptyReply::ok(r));
+        assert_eq!(rx.recv().unwrap().error, 0);
     }
 
     #[test]
