@@ -55,6 +55,15 @@ pub trait EmptyReply: Fail {
 
 pub trait DataReply: Fail {
     fn data(self, data: &[u8]);
+    /// The first `len` bytes of a buffer the handler filled and gives away: a
+    /// transport that keeps the reply as bytes takes it without copying it again.
+    fn data_owned(self, mut buf: Vec<u8>, len: usize)
+    where
+        Self: Sized,
+    {
+        buf.truncate(len);
+        self.data(&buf)
+    }
 }
 
 pub trait OpenReply: Fail {

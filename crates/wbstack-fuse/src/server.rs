@@ -658,7 +658,7 @@ impl WbFs {
             Handle::File(f) => {
                 let mut buf = vec![0u8; size as usize];
                 match f.read_at(offset, &mut buf) {
-                    Ok(n) => reply.data(&buf[..n]),
+                    Ok(n) => reply.data_owned(buf, n),
                     Err(e) => reply.error(errno(&e)),
                 }
             }

@@ -157,6 +157,10 @@ impl DataReply for RingReply {
     fn data(self, data: &[u8]) {
         self.send(data.to_vec())
     }
+    fn data_owned(self, mut buf: Vec<u8>, len: usize) {
+        buf.truncate(len);
+        self.send(buf)
+    }
 }
 
 impl OpenReply for RingReply {
