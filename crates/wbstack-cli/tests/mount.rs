@@ -415,6 +415,80 @@ fn io_uring_and_dev_fuse_transports_serve_the_same_tree() {
     assert!(err.contains("uring=yes: expected auto, on or off"), "{err}");
 }
 
+fn pin_to_cpu0() {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET and sched_setaffinity
+    // read and write inside it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(rc, 0, "pinning the test thread to CPU 0");
+}
+
+/// A handler that blocks holds only its own ring entry: an fsync waiting 3 s for a
+/// slow device, from a thread on CPU 0, and creates from another thread on CPU 0
+/// meanwhile. The kernel queues both on CPU 0's queue; with two ring threads there,
+/// the creates go to the free one. (With `ring_threads=1` they wait for the fsync.)
+#[test]
+fn a_blocked_fsync_holds_one_ring_thread_and_its_cpus_other_requests_go_on() {
+    need_root();
+    need_uring();
+    let m = Mounted::new("sim:ssd,size=256M", &["uring=on", "ring_threads=2"]);
+    let slow = m.p("slow");
+    std::fs::write(&slow, vec![1u8; 4096]).unwrap();
+    // Requests by opcode are listed once there has been one.
+    let fsyncs = |m: &Mounted| {
+        let s = std::fs::read_to_string(m.p(".wbstack/stat")).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("fuse_fsync "))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    let before = fsyncs(&m);
+    fault(&m, "spike 1:3s");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let fsyncer = std::thread::spawn(move || {
+        pin_to_cpu0();
+        let f = std::fs::File::open(&slow).unwrap();
+        let t0 = Instant::now();
+        let r = f.sync_all();
+        tx.send(t0.elapsed()).unwrap();
+        r
+    });
+    // The fsync has reached its handler (counted on arrival) before the creates start.
+    let t0 = Instant::now();
+    while fsyncs(&m) == before {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the fsync never arrived"
+        );
+        std::thread::yield_now();
+    }
+    pin_to_cpu0();
+    let t0 = Instant::now();
+    for i in 0..50 {
+        std::fs::write(m.p(&format!("c{i}")), b"x").unwrap();
+    }
+    let creates = t0.elapsed();
+    assert!(
+        rx.try_recv().is_err(),
+        "the fsync ended before the creates did: the spike did not hold it"
+    );
+    assert!(
+        creates < Duration::from_secs(2),
+        "50 creates beside a blocked fsync on the same CPU took {creates:?}"
+    );
+    let fsync_took = rx.recv().unwrap();
+    fsyncer.join().unwrap().unwrap();
+    assert!(
+        fsync_took >= Duration::from_secs(3),
+        "fsync took {fsync_took:?}"
+    );
+    fault(&m, "clear");
+    assert_eq!(stat_field(&m, "fuse_ring_threads") % 2, 0);
+    m.umount();
+}
+
 /// readdir through the kernel resumes by cookie (the name hash): a walk that removes
 /// each entry it is given, as `rm -r` does, while another thread creates and removes
 /// names of its own, is given every original entry exactly once, and "." and ".."
