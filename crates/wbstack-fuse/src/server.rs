@@ -1172,6 +1172,23 @@ impl WbFs {
     }
 }
 
+/// Runs a handler so that a panic in it (a bug) answers its request EIO and leaves
+/// the thread serving: the reply it owned is dropped as the panic unwinds (fuser's
+/// replies send EIO when dropped unsent; a ring's waiting thread sees no reply).
+/// Uncaught, the panic would end a request thread (a /dev/fuse mount has two) or a
+/// ring thread with its entry held. A panic while holding the volume's state lock has
+/// already failed the volume (`SpinMutex::with_on_panic`).
+pub(crate) fn contained(op: &dyn std::fmt::Display, f: impl FnOnce()) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("wbstack mount: a handler panicked serving FUSE {op}: {msg}");
+    }
+}
+
 /// What fuser's session serves: the handlers, shared with the io_uring threads.
 pub struct Served {
     pub fs: Arc<WbFs>,
@@ -1201,11 +1218,15 @@ impl fuser::Filesystem for Served {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        WbFs::lookup(&self.fs, req, parent, name, reply)
+        contained(&"lookup", || {
+            WbFs::lookup(&self.fs, req, parent, name, reply)
+        })
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        WbFs::getattr(&self.fs, _req, ino, _fh, reply)
+        contained(&"getattr", || {
+            WbFs::getattr(&self.fs, _req, ino, _fh, reply)
+        })
     }
 
     fn setattr(
@@ -1226,14 +1247,16 @@ impl fuser::Filesystem for Served {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        WbFs::setattr(
-            &self.fs, req, ino, mode, uid, gid, size, atime, mtime, _ctime, fh, _crtime, _chgtime,
-            _bkuptime, _flags, reply,
-        )
+        contained(&"setattr", || {
+            WbFs::setattr(
+                &self.fs, req, ino, mode, uid, gid, size, atime, mtime, _ctime, fh, _crtime,
+                _chgtime, _bkuptime, _flags, reply,
+            )
+        })
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        WbFs::readlink(&self.fs, _req, ino, reply)
+        contained(&"readlink", || WbFs::readlink(&self.fs, _req, ino, reply))
     }
 
     fn mknod(
@@ -1246,7 +1269,9 @@ impl fuser::Filesystem for Served {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        WbFs::mknod(&self.fs, req, parent, name, mode, umask, rdev, reply)
+        contained(&"mknod", || {
+            WbFs::mknod(&self.fs, req, parent, name, mode, umask, rdev, reply)
+        })
     }
 
     fn mkdir(
@@ -1258,15 +1283,19 @@ impl fuser::Filesystem for Served {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        WbFs::mkdir(&self.fs, req, parent, name, mode, umask, reply)
+        contained(&"mkdir", || {
+            WbFs::mkdir(&self.fs, req, parent, name, mode, umask, reply)
+        })
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        WbFs::unlink(&self.fs, req, parent, name, reply)
+        contained(&"unlink", || {
+            WbFs::unlink(&self.fs, req, parent, name, reply)
+        })
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        WbFs::rmdir(&self.fs, req, parent, name, reply)
+        contained(&"rmdir", || WbFs::rmdir(&self.fs, req, parent, name, reply))
     }
 
     fn symlink(
@@ -1277,7 +1306,9 @@ impl fuser::Filesystem for Served {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        WbFs::symlink(&self.fs, req, parent, link_name, target, reply)
+        contained(&"symlink", || {
+            WbFs::symlink(&self.fs, req, parent, link_name, target, reply)
+        })
     }
 
     fn rename(
@@ -1290,9 +1321,11 @@ impl fuser::Filesystem for Served {
         flags: FuseRenameFlags,
         reply: ReplyEmpty,
     ) {
-        WbFs::rename(
-            &self.fs, req, parent, name, newparent, newname, flags, reply,
-        )
+        contained(&"rename", || {
+            WbFs::rename(
+                &self.fs, req, parent, name, newparent, newname, flags, reply,
+            )
+        })
     }
 
     fn link(
@@ -1303,11 +1336,13 @@ impl fuser::Filesystem for Served {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        WbFs::link(&self.fs, req, ino, newparent, newname, reply)
+        contained(&"link", || {
+            WbFs::link(&self.fs, req, ino, newparent, newname, reply)
+        })
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        WbFs::open(&self.fs, req, ino, flags, reply)
+        contained(&"open", || WbFs::open(&self.fs, req, ino, flags, reply))
     }
 
     fn read(
@@ -1321,17 +1356,19 @@ impl fuser::Filesystem for Served {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        WbFs::read(
-            &self.fs,
-            _req,
-            _ino,
-            fh,
-            offset,
-            size,
-            _flags,
-            _lock_owner,
-            reply,
-        )
+        contained(&"read", || {
+            WbFs::read(
+                &self.fs,
+                _req,
+                _ino,
+                fh,
+                offset,
+                size,
+                _flags,
+                _lock_owner,
+                reply,
+            )
+        })
     }
 
     fn write(
@@ -1346,18 +1383,20 @@ impl fuser::Filesystem for Served {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        WbFs::write(
-            &self.fs,
-            req,
-            ino,
-            fh,
-            offset,
-            data,
-            _write_flags,
-            _flags,
-            _lock_owner,
-            reply,
-        )
+        contained(&"write", || {
+            WbFs::write(
+                &self.fs,
+                req,
+                ino,
+                fh,
+                offset,
+                data,
+                _write_flags,
+                _flags,
+                _lock_owner,
+                reply,
+            )
+        })
     }
 
     fn flush(
@@ -1368,7 +1407,9 @@ impl fuser::Filesystem for Served {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        WbFs::flush(&self.fs, _req, _ino, fh, _lock_owner, reply)
+        contained(&"flush", || {
+            WbFs::flush(&self.fs, _req, _ino, fh, _lock_owner, reply)
+        })
     }
 
     fn release(
@@ -1381,7 +1422,9 @@ impl fuser::Filesystem for Served {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        WbFs::release(&self.fs, _req, _ino, fh, _flags, _lock_owner, _flush, reply)
+        contained(&"release", || {
+            WbFs::release(&self.fs, _req, _ino, fh, _flags, _lock_owner, _flush, reply)
+        })
     }
 
     fn fsync(
@@ -1392,11 +1435,15 @@ impl fuser::Filesystem for Served {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        WbFs::fsync(&self.fs, _req, _ino, fh, datasync, reply)
+        contained(&"fsync", || {
+            WbFs::fsync(&self.fs, _req, _ino, fh, datasync, reply)
+        })
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        WbFs::opendir(&self.fs, req, ino, _flags, reply)
+        contained(&"opendir", || {
+            WbFs::opendir(&self.fs, req, ino, _flags, reply)
+        })
     }
 
     fn readdir(
@@ -1407,7 +1454,9 @@ impl fuser::Filesystem for Served {
         offset: u64,
         reply: ReplyDirectory,
     ) {
-        WbFs::readdir(&self.fs, _req, _ino, fh, offset, reply)
+        contained(&"readdir", || {
+            WbFs::readdir(&self.fs, _req, _ino, fh, offset, reply)
+        })
     }
 
     fn releasedir(
@@ -1418,7 +1467,9 @@ impl fuser::Filesystem for Served {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        WbFs::releasedir(&self.fs, _req, _ino, fh, _flags, reply)
+        contained(&"releasedir", || {
+            WbFs::releasedir(&self.fs, _req, _ino, fh, _flags, reply)
+        })
     }
 
     fn fsyncdir(
@@ -1429,11 +1480,13 @@ impl fuser::Filesystem for Served {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        WbFs::fsyncdir(&self.fs, _req, _ino, _fh, _datasync, reply)
+        contained(&"fsyncdir", || {
+            WbFs::fsyncdir(&self.fs, _req, _ino, _fh, _datasync, reply)
+        })
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        WbFs::statfs(&self.fs, _req, _ino, reply)
+        contained(&"statfs", || WbFs::statfs(&self.fs, _req, _ino, reply))
     }
 
     fn setxattr(
@@ -1446,23 +1499,31 @@ impl fuser::Filesystem for Served {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        WbFs::setxattr(&self.fs, req, ino, name, value, flags, _position, reply)
+        contained(&"setxattr", || {
+            WbFs::setxattr(&self.fs, req, ino, name, value, flags, _position, reply)
+        })
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        WbFs::getxattr(&self.fs, req, ino, name, size, reply)
+        contained(&"getxattr", || {
+            WbFs::getxattr(&self.fs, req, ino, name, size, reply)
+        })
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        WbFs::listxattr(&self.fs, req, ino, size, reply)
+        contained(&"listxattr", || {
+            WbFs::listxattr(&self.fs, req, ino, size, reply)
+        })
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        WbFs::removexattr(&self.fs, req, ino, name, reply)
+        contained(&"removexattr", || {
+            WbFs::removexattr(&self.fs, req, ino, name, reply)
+        })
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        WbFs::access(&self.fs, req, ino, mask, reply)
+        contained(&"access", || WbFs::access(&self.fs, req, ino, mask, reply))
     }
 
     fn create(
@@ -1475,7 +1536,9 @@ impl fuser::Filesystem for Served {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        WbFs::create(&self.fs, req, parent, name, mode, umask, flags, reply)
+        contained(&"create", || {
+            WbFs::create(&self.fs, req, parent, name, mode, umask, flags, reply)
+        })
     }
 
     fn fallocate(
@@ -1488,7 +1551,9 @@ impl fuser::Filesystem for Served {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        WbFs::fallocate(&self.fs, req, ino, fh, offset, length, mode, reply)
+        contained(&"fallocate", || {
+            WbFs::fallocate(&self.fs, req, ino, fh, offset, length, mode, reply)
+        })
     }
 
     fn lseek(
@@ -1500,7 +1565,9 @@ impl fuser::Filesystem for Served {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        WbFs::lseek(&self.fs, _req, _ino, fh, offset, whence, reply)
+        contained(&"lseek", || {
+            WbFs::lseek(&self.fs, _req, _ino, fh, offset, whence, reply)
+        })
     }
 }
 

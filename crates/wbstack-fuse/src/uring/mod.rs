@@ -28,7 +28,7 @@ mod decode;
 mod encode;
 
 use crate::reply::Fail;
-use crate::server::WbFs;
+use crate::server::{contained, WbFs};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use decode::{dispatch, nobodys, Body, RingCaller};
 use encode::{Out, RingReply};
@@ -347,7 +347,8 @@ impl Queue {
             reply.error(Errno::EACCES);
         } else {
             let body = Body::new(&h[OP_IN..OP_IN + arg0], &self.payload[..payload_sz]);
-            contained(opcode, || {
+            let op = format_args!("opcode {opcode}");
+            contained(&op, || {
                 dispatch(fs, &caller, opcode, INodeNo(nodeid), body, reply)
             });
         }
@@ -372,22 +373,6 @@ impl Queue {
         // ring_ent_in_out.payload_sz
         h[ENT_IN_OUT + 16..ENT_IN_OUT + 20].copy_from_slice(&(n as u32).to_ne_bytes());
         unique
-    }
-}
-
-/// Runs a handler so that a panic in it (a bug) answers its request EIO and leaves
-/// the ring thread serving: the reply it owned is dropped as the panic unwinds, so
-/// `finish` sees no reply. Uncaught, the panic would end the thread with its entry
-/// held and its caller waiting until the mount ends. A panic while holding the
-/// volume's state lock has already failed the volume (`SpinMutex::with_on_panic`).
-fn contained(opcode: u32, f: impl FnOnce()) {
-    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        let msg = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        eprintln!("wbstack mount: a handler panicked serving FUSE opcode {opcode}: {msg}");
     }
 }
 
@@ -613,7 +598,7 @@ mod tests {
     fn a_handler_that_panics_answers_eio_and_the_thread_goes_on() {
         let (tx, rx) = bounded::<Out>(1);
         let r = RingReply { tx, max: 16 };
-        contained(1, move || {
+        contained(&1, move || {
             let _owned = r;
             panic!("a bug (test)");
         });
@@ -621,7 +606,7 @@ mod tests {
         assert!(rx.recv().is_err());
         let (tx, rx) = bounded::<Out>(1);
         let r = RingReply { tx, max: 16 };
-        contained(1, move || EmptyReply::ok(r));
+        contained(&1, move || EmptyReply::ok(r));
         assert_eq!(rx.recv().unwrap().error, 0);
     }
 
