@@ -1223,10 +1223,8 @@ impl fuser::Filesystem for Served {
         })
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        contained(&"getattr", || {
-            WbFs::getattr(&self.fs, _req, ino, _fh, reply)
-        })
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        contained(&"getattr", || WbFs::getattr(&self.fs, req, ino, fh, reply))
     }
 
     fn setattr(
@@ -1239,24 +1237,24 @@ impl fuser::Filesystem for Served {
         size: Option<u64>,
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
+        ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
+        crtime: Option<SystemTime>,
+        chgtime: Option<SystemTime>,
+        bkuptime: Option<SystemTime>,
+        flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
         contained(&"setattr", || {
             WbFs::setattr(
-                &self.fs, req, ino, mode, uid, gid, size, atime, mtime, _ctime, fh, _crtime,
-                _chgtime, _bkuptime, _flags, reply,
+                &self.fs, req, ino, mode, uid, gid, size, atime, mtime, ctime, fh, crtime, chgtime,
+                bkuptime, flags, reply,
             )
         })
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        contained(&"readlink", || WbFs::readlink(&self.fs, _req, ino, reply))
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        contained(&"readlink", || WbFs::readlink(&self.fs, req, ino, reply))
     }
 
     fn mknod(
@@ -1347,26 +1345,18 @@ impl fuser::Filesystem for Served {
 
     fn read(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         contained(&"read", || {
             WbFs::read(
-                &self.fs,
-                _req,
-                _ino,
-                fh,
-                offset,
-                size,
-                _flags,
-                _lock_owner,
-                reply,
+                &self.fs, req, ino, fh, offset, size, flags, lock_owner, reply,
             )
         })
     }
@@ -1378,9 +1368,9 @@ impl fuser::Filesystem for Served {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        write_flags: WriteFlags,
+        flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         contained(&"write", || {
@@ -1391,9 +1381,9 @@ impl fuser::Filesystem for Served {
                 fh,
                 offset,
                 data,
-                _write_flags,
-                _flags,
-                _lock_owner,
+                write_flags,
+                flags,
+                lock_owner,
                 reply,
             )
         })
@@ -1401,92 +1391,92 @@ impl fuser::Filesystem for Served {
 
     fn flush(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         contained(&"flush", || {
-            WbFs::flush(&self.fs, _req, _ino, fh, _lock_owner, reply)
+            WbFs::flush(&self.fs, req, ino, fh, lock_owner, reply)
         })
     }
 
     fn release(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         contained(&"release", || {
-            WbFs::release(&self.fs, _req, _ino, fh, _flags, _lock_owner, _flush, reply)
+            WbFs::release(&self.fs, req, ino, fh, flags, lock_owner, _flush, reply)
         })
     }
 
     fn fsync(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
         contained(&"fsync", || {
-            WbFs::fsync(&self.fs, _req, _ino, fh, datasync, reply)
+            WbFs::fsync(&self.fs, req, ino, fh, datasync, reply)
         })
     }
 
-    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         contained(&"opendir", || {
-            WbFs::opendir(&self.fs, req, ino, _flags, reply)
+            WbFs::opendir(&self.fs, req, ino, flags, reply)
         })
     }
 
     fn readdir(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         reply: ReplyDirectory,
     ) {
         contained(&"readdir", || {
-            WbFs::readdir(&self.fs, _req, _ino, fh, offset, reply)
+            WbFs::readdir(&self.fs, req, ino, fh, offset, reply)
         })
     }
 
     fn releasedir(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
         contained(&"releasedir", || {
-            WbFs::releasedir(&self.fs, _req, _ino, fh, _flags, reply)
+            WbFs::releasedir(&self.fs, req, ino, fh, flags, reply)
         })
     }
 
     fn fsyncdir(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
         reply: ReplyEmpty,
     ) {
         contained(&"fsyncdir", || {
-            WbFs::fsyncdir(&self.fs, _req, _ino, _fh, _datasync, reply)
+            WbFs::fsyncdir(&self.fs, req, ino, fh, datasync, reply)
         })
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        contained(&"statfs", || WbFs::statfs(&self.fs, _req, _ino, reply))
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        contained(&"statfs", || WbFs::statfs(&self.fs, req, ino, reply))
     }
 
     fn setxattr(
@@ -1496,11 +1486,11 @@ impl fuser::Filesystem for Served {
         name: &OsStr,
         value: &[u8],
         flags: i32,
-        _position: u32,
+        position: u32,
         reply: ReplyEmpty,
     ) {
         contained(&"setxattr", || {
-            WbFs::setxattr(&self.fs, req, ino, name, value, flags, _position, reply)
+            WbFs::setxattr(&self.fs, req, ino, name, value, flags, position, reply)
         })
     }
 
@@ -1558,15 +1548,15 @@ impl fuser::Filesystem for Served {
 
     fn lseek(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
         contained(&"lseek", || {
-            WbFs::lseek(&self.fs, _req, _ino, fh, offset, whence, reply)
+            WbFs::lseek(&self.fs, req, ino, fh, offset, whence, reply)
         })
     }
 }

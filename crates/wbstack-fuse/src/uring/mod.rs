@@ -143,10 +143,6 @@ impl Rings {
             }
         }
     }
-
-    pub fn threads(&self) -> usize {
-        self.threads.len()
-    }
 }
 
 /// The kernel makes one queue per possible CPU (`num_possible_cpus`) and the ring is
