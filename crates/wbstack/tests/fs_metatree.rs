@@ -272,3 +272,94 @@ fn mapping_a_file_notes_only_the_extent_keys_it_changes() {
     meta.apply(&map(2), ApplyMode::Replay).unwrap();
     assert_eq!(extent_ops(&mut meta), [("put", 0), ("del", 3)]);
 }
+
+/// A directory read back lazily (`load_inode`, `load_files`) keeps its groups of
+/// entries cold, their names dropped as the scan passes them, with the counts the
+/// names would give; a group with an entry whose kind was not recorded (format 4)
+/// comes back resident, every name of it; an entry of a directory that has no core
+/// record is corruption, not a panic.
+#[test]
+fn a_directory_read_back_lazily_keeps_its_groups_cold_with_their_counts() {
+    const SEED: u64 = 5;
+    let mut meta = Meta::mkfs(DATA_START, NR_BLOCKS, 1, SEED);
+    let mut apply = |r: Record| meta.apply(&r, ApplyMode::Replay).unwrap();
+    apply(Record::Create {
+        ino: 2,
+        kind: InodeKind::Dir,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        time_ns: 1,
+    });
+    apply(Record::Link {
+        parent: 1,
+        name: b"d".to_vec(),
+        ino: 2,
+    });
+    for (ino, kind, name) in [
+        (3, InodeKind::File, "a"),
+        (4, InodeKind::Dir, "sub"),
+        (5, InodeKind::File, "b"),
+        (6, InodeKind::Symlink, "c"),
+    ] {
+        apply(Record::Create {
+            ino,
+            kind,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            time_ns: 1,
+        });
+        apply(Record::Link {
+            parent: 2,
+            name: name.as_bytes().to_vec(),
+            ino,
+        });
+    }
+    let store = MemStore::default();
+    let mut tree = Tree::new(FS_ID, NODE);
+    let changes = metatree::all_changes(&mut meta);
+    metatree::apply(&mut tree, &store, &metatree::ops(&meta, changes)).unwrap();
+
+    let d = metatree::load_inode(&tree, &store, SEED, 2)
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.entries.len(), 4);
+    assert_eq!(d.entries.resident_len(), 0, "every group cold");
+    assert_eq!(d.entries.subdirs(), Some(1));
+    let all = metatree::load_files(&tree, &store, SEED).unwrap();
+    let d = &all.iter().find(|(ino, _)| *ino == 2).unwrap().1;
+    assert_eq!((d.entries.len(), d.entries.resident_len()), (4, 0));
+
+    // The key of "b" in directory 2, as the format lays it out: the inode space, the
+    // directory, the entries' space, the name's hash, the name.
+    let key = |dir: u64, name: &[u8]| {
+        let mut k = vec![0x01];
+        k.extend_from_slice(&dir.to_be_bytes());
+        k.push(0x03);
+        k.extend_from_slice(&metatree::name_hash(SEED, name).to_be_bytes());
+        k.extend_from_slice(name);
+        k
+    };
+    // "b" without its kind, as format 4 wrote entries: its group stays resident.
+    let ops = [TreeOp::Put(key(2, b"b"), 5u64.to_le_bytes().to_vec())];
+    metatree::apply(&mut tree, &store, &ops).unwrap();
+    let d = metatree::load_inode(&tree, &store, SEED, 2)
+        .unwrap()
+        .unwrap();
+    assert_eq!((d.entries.len(), d.entries.resident_len()), (4, 1));
+    assert_eq!(d.entries.iter().collect::<Vec<_>>(), vec![(&b"b"[..], 5)]);
+
+    // An entry of inode 9, which has no core record.
+    let ops = [TreeOp::Put(
+        key(9, b"x"),
+        [3u64.to_le_bytes().as_slice(), &[1]].concat(),
+    )];
+    metatree::apply(&mut tree, &store, &ops).unwrap();
+    let e = metatree::load_inode(&tree, &store, SEED, 9).unwrap_err();
+    assert!(
+        e.to_string().contains("inode 9, which does not exist"),
+        "{e}"
+    );
+    assert!(metatree::load_files(&tree, &store, SEED).is_err());
+}

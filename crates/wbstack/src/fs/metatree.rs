@@ -764,7 +764,13 @@ fn le32(b: &[u8], at: usize) -> Option<u32> {
 struct Parts {
     next_ino: Option<u64>,
     inodes: FxHashMap<u64, Box<Inode>>,
-    entries: Vec<(u64, Vec<u8>, Named)>,
+    /// Directory entries with their names: (directory, hash, name, what it names).
+    entries: Vec<(u64, u64, Vec<u8>, Named)>,
+    /// Set for a lazy volume's read back: a group whose kinds are all recorded goes
+    /// cold in its directory as the scan passes it, its names never kept (a cold
+    /// directory of a million entries read back allocated a million names, and kept
+    /// them all at once, to drop them again).
+    cold: Option<ColdGroups>,
     extents: Vec<(u64, u64, u64, u64)>,
     targets: FxHashMap<u64, Vec<u8>>,
     xattrs: Vec<(u64, Vec<u8>, Vec<u8>)>,
@@ -773,16 +779,99 @@ struct Parts {
     chunk_at: Option<(Vec<u8>, u8)>,
 }
 
+/// The group of entries a lazy read back is reading, which goes cold once it ends if
+/// every kind in it is recorded.
+#[derive(Default)]
+struct ColdGroups {
+    /// The group of the last entry read: its names, in `arena`, until it ends and
+    /// turns out cold (they are dropped) or not (they go to `Parts::entries`).
+    open: Option<ColdGroup>,
+    arena: Vec<u8>,
+    names: Vec<(usize, Named)>,
+}
+
+/// A group of names sharing a hash.
+#[derive(Clone, Copy)]
+struct ColdGroup {
+    dir: u64,
+    hash: u64,
+    names: usize,
+    subdirs: u32,
+}
+
+impl ColdGroups {
+    /// The entry `name` of directory `dir`, whose hash is `hash` (checked). Its
+    /// directory's core record came before it (keys sort by inode, the core first).
+    fn push(
+        &mut self,
+        dir: u64,
+        hash: u64,
+        name: &[u8],
+        n: Named,
+        out: Out<'_>,
+    ) -> Result<(), LoadError> {
+        if self.open.is_some_and(|g| (g.dir, g.hash) != (dir, hash)) {
+            self.close(out)?;
+        }
+        let g = self.open.get_or_insert(ColdGroup {
+            dir,
+            hash,
+            names: 0,
+            subdirs: 0,
+        });
+        g.names += 1;
+        g.subdirs += u32::from(n.kind == Some(InodeKind::Dir));
+        self.arena.extend_from_slice(name);
+        self.names.push((self.arena.len(), n));
+        Ok(())
+    }
+
+    /// The open group ends: cold in its directory if every kind in it is recorded (an
+    /// entry cold must say whether it names a directory), else its names go to
+    /// `entries`.
+    fn close(&mut self, out: Out<'_>) -> Result<(), LoadError> {
+        let Some(g) = self.open.take() else {
+            return Ok(());
+        };
+        if self.names.iter().all(|(_, n)| n.kind.is_some()) {
+            let d = out.inodes.get_mut(&g.dir).ok_or_else(|| {
+                corrupt(format!("an entry of inode {}, which does not exist", g.dir))
+            })?;
+            d.entries.add_cold(g.hash, g.names, g.subdirs);
+        } else {
+            let mut start = 0;
+            for &(end, n) in &self.names {
+                out.entries
+                    .push((g.dir, g.hash, self.arena[start..end].to_vec(), n));
+                start = end;
+            }
+        }
+        self.arena.clear();
+        self.names.clear();
+        Ok(())
+    }
+}
+
+/// Where a cold group's end puts it.
+struct Out<'a> {
+    inodes: &'a mut FxHashMap<u64, Box<Inode>>,
+    entries: &'a mut Vec<(u64, u64, Vec<u8>, Named)>,
+}
+
 impl Parts {
-    /// The keys in (`from`, `to`) of `tree`.
+    /// The keys in (`from`, `to`) of `tree`; `cold` as for `Parts::cold`.
     fn scan(
         tree: &Tree,
         store: &dyn NodeStore,
         seed: u64,
         from: Bound<&[u8]>,
         to: Bound<&[u8]>,
+        cold: bool,
     ) -> Result<Parts, LoadError> {
-        let mut p = Parts::default();
+        let mut p = Parts {
+            cold: cold.then(ColdGroups::default),
+            ..Parts::default()
+        };
         let mut err: Option<LoadError> = None;
         tree.for_each(store, from, to, &mut |k, v| match p.key(seed, k, v) {
             Ok(()) => true,
@@ -791,13 +880,19 @@ impl Parts {
                 false
             }
         })?;
+        if let (None, Some(c)) = (&err, p.cold.as_mut()) {
+            let out = Out {
+                inodes: &mut p.inodes,
+                entries: &mut p.entries,
+            };
+            c.close(out)?;
+        }
         match err {
             Some(e) => Err(e),
             None => Ok(p),
         }
     }
 
-    /// The keys of the key spaces (first bytes) `spaces`.
     /// The keys from `from` up to `to` (excluded; none: the end).
     fn scan_from(
         tree: &Tree,
@@ -805,16 +900,19 @@ impl Parts {
         seed: u64,
         from: &[u8],
         to: Option<&[u8]>,
+        cold: bool,
     ) -> Result<Parts, LoadError> {
         let to = to.map_or(Bound::Unbounded, Bound::Excluded);
-        Parts::scan(tree, store, seed, Bound::Included(from), to)
+        Parts::scan(tree, store, seed, Bound::Included(from), to, cold)
     }
 
+    /// The keys of the key spaces (first bytes) `spaces`.
     fn scan_spaces(
         tree: &Tree,
         store: &dyn NodeStore,
         seed: u64,
         spaces: std::ops::Range<u8>,
+        cold: bool,
     ) -> Result<Parts, LoadError> {
         let (from, to) = ([spaces.start], [spaces.end]);
         Parts::scan(
@@ -823,6 +921,7 @@ impl Parts {
             seed,
             Bound::Included(&from[..]),
             Bound::Excluded(&to[..]),
+            cold,
         )
     }
 
@@ -865,7 +964,17 @@ impl Parts {
                         }
                         let c = decode_dirent(v)
                             .ok_or_else(|| corrupt(format!("directory {ino}: a bad entry")))?;
-                        self.entries.push((ino, name.to_vec(), c));
+                        let hash = be64(rest).expect("checked above");
+                        match self.cold.as_mut() {
+                            Some(g) => {
+                                let out = Out {
+                                    inodes: &mut self.inodes,
+                                    entries: &mut self.entries,
+                                };
+                                g.push(ino, hash, name, c, out)?;
+                            }
+                            None => self.entries.push((ino, hash, name.to_vec(), c)),
+                        }
                     }
                     TARGET if rest.len() == 1 => {
                         let t = self.targets.entry(ino).or_default();
@@ -912,14 +1021,9 @@ impl Parts {
         Ok(())
     }
 
-    /// Every inode with its extents, entries, target and attributes in place; with
-    /// `cold`, directories' groups of entries whose kinds are all recorded go in cold
-    /// (`fs::dir`: a lazy volume's read back keeps their hashes, not their names).
-    fn into_inodes(
-        mut self,
-        seed: u64,
-        cold: bool,
-    ) -> Result<FxHashMap<u64, Box<Inode>>, LoadError> {
+    /// Every inode with its extents, entries, target and attributes in place (the
+    /// cold groups of a scan with `cold` are in place already).
+    fn into_inodes(mut self) -> Result<FxHashMap<u64, Box<Inode>>, LoadError> {
         let orphan_of = |ino: u64| format!("inode {ino}, which does not exist");
         let inodes = &mut self.inodes;
         for (ino, fb, s, l) in self.extents {
@@ -928,34 +1032,14 @@ impl Parts {
                 .ok_or_else(|| corrupt(format!("an extent of {}", orphan_of(ino))))?;
             i.extents.insert(fb, (s, l));
         }
-        let mut at = 0;
-        while at < self.entries.len() {
-            let dir = self.entries[at].0;
-            let h = name_hash(seed, &self.entries[at].1);
-            // Keys sort by directory, then hash: a group is a run.
-            let n = self.entries[at..]
-                .iter()
-                .take_while(|e| e.0 == dir && name_hash(seed, &e.1) == h)
-                .count();
-            let group = &self.entries[at..at + n];
-            at += n;
+        for (dir, h, name, Named { ino: c, kind }) in &self.entries {
             let d = inodes
-                .get_mut(&dir)
-                .ok_or_else(|| corrupt(format!("an entry of {}", orphan_of(dir))))?;
-            if cold && group.iter().all(|e| e.2.kind.is_some()) {
-                let subdirs = group
-                    .iter()
-                    .filter(|e| e.2.kind == Some(InodeKind::Dir))
-                    .count() as u32;
-                d.entries.add_cold(h, n, subdirs);
-                continue;
-            }
-            for (_, name, Named { ino: c, kind }) in group {
-                if d.entries.insert_at(h, name, *c, *kind).is_some() {
-                    return Err(corrupt(format!(
-                        "directory {dir} holds the same name twice"
-                    )));
-                }
+                .get_mut(dir)
+                .ok_or_else(|| corrupt(format!("an entry of {}", orphan_of(*dir))))?;
+            if d.entries.insert_at(*h, name, *c, *kind).is_some() {
+                return Err(corrupt(format!(
+                    "directory {dir} holds the same name twice"
+                )));
             }
         }
         for (ino, t) in self.targets {
@@ -1014,12 +1098,12 @@ pub fn load(
     data_start: u64,
     nr_blocks: u64,
 ) -> Result<Meta, LoadError> {
-    let mut parts = Parts::scan(tree, store, seed, Bound::Unbounded, Bound::Unbounded)?;
+    let mut parts = Parts::scan(tree, store, seed, Bound::Unbounded, Bound::Unbounded, false)?;
     let next_ino = parts
         .next_ino
         .ok_or_else(|| corrupt("no filesystem record".into()))?;
     let orphans = std::mem::take(&mut parts.orphans);
-    let mut inodes = parts.into_inodes(seed, false)?;
+    let mut inodes = parts.into_inodes()?;
     if !inodes.contains_key(&ROOT_INO) {
         return Err(corrupt("the root directory is missing".into()));
     }
@@ -1064,7 +1148,7 @@ pub fn load_lazy(
         .as_deref()
         .and_then(|v| le64(v, 0).filter(|_| v.len() == 8))
         .ok_or_else(|| corrupt("no filesystem record, or a bad one".into()))?;
-    let parts = Parts::scan_spaces(tree, store, seed, ORPHAN_SPACE..ORPHAN_SPACE + 1)?;
+    let parts = Parts::scan_spaces(tree, store, seed, ORPHAN_SPACE..ORPHAN_SPACE + 1, false)?;
     let free = FreeSpace::from_extents(data_start, nr_blocks, space.free.iter().copied())
         .map_err(|e| corrupt(format!("the checkpoint's free space: {e}")))?;
     Ok(Meta::lazy(
@@ -1089,8 +1173,8 @@ pub fn load_inode(
     let to = ino
         .checked_add(1)
         .map(|next| inode_prefix(next, CORE)[..9].to_vec());
-    let parts = Parts::scan_from(tree, store, seed, &from, to.as_deref())?;
-    let mut inodes = parts.into_inodes(seed, true)?;
+    let parts = Parts::scan_from(tree, store, seed, &from, to.as_deref(), true)?;
+    let mut inodes = parts.into_inodes()?;
     Ok(inodes.remove(&ino).map(|b| *b))
 }
 
@@ -1100,9 +1184,9 @@ pub fn load_files(
     store: &dyn NodeStore,
     seed: u64,
 ) -> Result<Vec<(u64, Inode)>, LoadError> {
-    let parts = Parts::scan_spaces(tree, store, seed, INODE_SPACE..ORPHAN_SPACE)?;
+    let parts = Parts::scan_spaces(tree, store, seed, INODE_SPACE..ORPHAN_SPACE, true)?;
     Ok(parts
-        .into_inodes(seed, true)?
+        .into_inodes()?
         .into_iter()
         .map(|(ino, i)| (ino, *i))
         .collect())
@@ -1123,13 +1207,13 @@ pub fn load_dirents(
         Some(next) => dirent_key_hashed(dir, next, &[]),
         None => inode_prefix(dir, DIRENT + 1),
     };
-    let parts = Parts::scan_from(tree, store, seed, &lo, Some(&hi))?;
+    let parts = Parts::scan_from(tree, store, seed, &lo, Some(&hi), false)?;
     Ok(parts
         .entries
         .into_iter()
-        .map(|(d, name, Named { ino, kind })| DirentRead {
+        .map(|(d, hash, name, Named { ino, kind })| DirentRead {
             dir: d,
-            hash: name_hash(seed, &name),
+            hash,
             name,
             ino,
             kind,
