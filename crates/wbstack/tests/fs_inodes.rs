@@ -642,3 +642,76 @@ fn a_directorys_clean_entries_leave_memory_and_come_back_on_use() {
     assert_eq!(listing(&v), want);
     check_unmount_fsck(v);
 }
+
+/// A directory of more groups than `metatree::LISTED_MAX` comes back from the tree
+/// unlisted (`fs::dir`): a lookup, a create, an unlink and a rename in it each read
+/// back their own names' groups, a few tree nodes, not the directory's hundreds of
+/// leaves; a name unlinked stays gone though the durable root still holds it; its
+/// link count comes from its own record; rmdir of it while it has entries is refused,
+/// readdir lists every entry, and emptied it is removed; the volume checks clean.
+#[test]
+fn a_large_directory_comes_back_unlisted_and_a_lookup_reads_only_its_name() {
+    let q = mkfs5("sim:ssd,size=256M");
+    let v = mount_with_cache(&q, 0);
+    // Ten times the most a directory is listed with: read whole, its entries would
+    // take some 400 tree leaves.
+    let n = wbstack::fs::metatree::LISTED_MAX * 10;
+    v.mkdir("/big", 0o755).unwrap();
+    for i in 0..n {
+        v.create(&format!("/big/f{i}")).unwrap().close().unwrap();
+    }
+    v.mkdir("/big/sub", 0o755).unwrap();
+    v.unmount().unwrap();
+
+    let v = mount_with_cache(&q, 0);
+    let before = v.inode_cache_stats();
+    assert_eq!(v.stat("/big/f7").unwrap().kind, InodeKind::File);
+    let after = v.inode_cache_stats();
+    // The root's group holding "big" (the root is small: listed), and f7's.
+    assert_eq!(
+        after.dirent_groups_read_back,
+        before.dirent_groups_read_back + 2,
+        "{before:?} {after:?}"
+    );
+    // The directory's own read back stops past `LISTED_MAX` groups (about 40 leaves
+    // of these short names); the name's group is one descent of the tree.
+    let nodes = after.node_cache_misses - before.node_cache_misses;
+    assert!(nodes < 120, "{nodes} tree nodes read for one lookup");
+    assert_eq!(v.stat("/big").unwrap().nlink, 3, "., .. and sub's ..");
+
+    let before = v.inode_cache_stats();
+    v.create("/big/new").unwrap().close().unwrap();
+    v.unlink("/big/f3").unwrap();
+    v.rename("/big/f5", "/big/f6").unwrap();
+    assert!(matches!(v.stat("/big/f3"), Err(FsError::NotFound(_))));
+    assert!(matches!(v.stat("/big/f5"), Err(FsError::NotFound(_))));
+    assert_eq!(v.stat("/big/new").unwrap().kind, InodeKind::File);
+    let after = v.inode_cache_stats();
+    // f3, f5 and f6 came back, and "new" was read and found absent; nothing else.
+    assert_eq!(
+        after.dirent_groups_read_back,
+        before.dirent_groups_read_back + 4,
+        "{before:?} {after:?}"
+    );
+    assert!(
+        after.node_cache_misses - before.node_cache_misses < 40,
+        "{before:?} {after:?}"
+    );
+    // Durable now, then dropped: the unlinked name must not come back from the tree.
+    v.checkpoint().unwrap();
+    v.create("/churn").unwrap().close().unwrap();
+    assert!(matches!(v.stat("/big/f3"), Err(FsError::NotFound(_))));
+
+    assert!(matches!(v.rmdir("/big"), Err(FsError::NotEmpty(_))));
+    let names = v.readdir("/big").unwrap();
+    assert_eq!(names.len(), n, "{n} files and sub, less f3 and f5, and new");
+    for e in &names {
+        let p = format!("/big/{}", e.name);
+        match e.kind {
+            InodeKind::Dir => v.rmdir(&p).unwrap(),
+            _ => v.unlink(&p).unwrap(),
+        }
+    }
+    v.rmdir("/big").unwrap();
+    check_unmount_fsck(v);
+}

@@ -42,7 +42,8 @@ pub trait InodeSource: Send + Sync {
     fn read_all(&self) -> Read;
 
     /// The entries of each directory with hashes in each range asked, as the last
-    /// durable checkpoint holds them (`fs::dir`'s cold groups), in key order.
+    /// durable checkpoint holds them (`fs::dir`'s cold groups): each ask's in turn,
+    /// each in key order.
     fn read_dirents(&self, asked: &[DirMiss]) -> DirentsRead;
 }
 
@@ -349,32 +350,27 @@ impl Inodes {
             // Before, not after: what this installs stays for the rerun it is for.
             self.shrink_dirs();
         }
+        // `found` holds each ask's entries in turn, in key order.
         let mut at = 0;
-        while at < found.len() {
-            let (dir, hash) = (found[at].dir, found[at].hash);
+        for m in asked {
             let n = found[at..]
                 .iter()
-                .take_while(|e| (e.dir, e.hash) == (dir, hash))
+                .take_while(|e| e.dir == m.dir && (m.cold.from..=m.cold.to).contains(&e.hash))
                 .count();
-            let group = &found[at..at + n];
+            let part = &found[at..at + n];
             at += n;
-            if let Some(d) = self.map.get_mut(&dir) {
-                if d.entries.install_group(hash, group) {
-                    self.groups_in += 1;
-                    self.dirent_faults += 1;
-                }
+            if let Some(d) = self.map.get_mut(&m.dir) {
+                let groups = d.entries.install_read(m.cold, part).map_err(|h| {
+                    FsError::Corrupt(format!(
+                        "directory {}: the entries of hash {h:#x} are missing from the metadata tree",
+                        m.dir
+                    ))
+                })?;
+                self.groups_in += groups;
+                self.dirent_faults += groups as u64;
             }
         }
-        // A cold group the tree does not hold: the tree lost entries the directory
-        // counts (`Dir::add_cold` took them from that same root).
-        for m in asked {
-            if let Some(h) = self.map.get(&m.dir).and_then(|d| d.entries.cold_in(m.cold)) {
-                return Err(FsError::Corrupt(format!(
-                    "directory {}: the entries of hash {h:#x} are missing from the metadata tree",
-                    m.dir
-                )));
-            }
-        }
+        debug_assert_eq!(at, found.len(), "entries read back for no ask");
         Ok(true)
     }
 

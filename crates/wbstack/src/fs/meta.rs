@@ -982,6 +982,9 @@ impl Meta {
                 if *ino == ROOT_INO || i.links != 0 {
                     return bad(format!("delete of inode {ino}, which still has names"));
                 }
+                // Replay may meet a directory read back unlisted: its count is read
+                // back first.
+                (i.entries.listed()).map_err(|cold| super::inodes::note_dir_miss(*ino, cold))?;
                 if !i.entries.is_empty() {
                     return bad(format!("delete of directory {ino}, which is not empty"));
                 }

@@ -872,25 +872,53 @@ impl Parts {
             cold: cold.then(ColdGroups::default),
             ..Parts::default()
         };
+        p.scan_more(tree, store, seed, from, to, |_| true)?;
+        Ok(p)
+    }
+
+    /// Add the keys in (`from`, `to`) of `tree` while `more` holds for each key; false
+    /// if it stopped the scan (a cold group left open then is dropped, unfinished).
+    fn scan_more(
+        &mut self,
+        tree: &Tree,
+        store: &dyn NodeStore,
+        seed: u64,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        mut more: impl FnMut(&[u8]) -> bool,
+    ) -> Result<bool, LoadError> {
         let mut err: Option<LoadError> = None;
-        tree.for_each(store, from, to, &mut |k, v| match p.key(seed, k, v) {
-            Ok(()) => true,
-            Err(e) => {
-                err = Some(e);
-                false
+        let mut stopped = false;
+        tree.for_each(store, from, to, &mut |k, v| {
+            if !more(k) {
+                stopped = true;
+                return false;
+            }
+            match self.key(seed, k, v) {
+                Ok(()) => true,
+                Err(e) => {
+                    err = Some(e);
+                    false
+                }
             }
         })?;
-        if let (None, Some(c)) = (&err, p.cold.as_mut()) {
-            let out = Out {
-                inodes: &mut p.inodes,
-                entries: &mut p.entries,
-            };
-            c.close(out)?;
+        if let Some(e) = err {
+            return Err(e);
         }
-        match err {
-            Some(e) => Err(e),
-            None => Ok(p),
+        if let Some(c) = self.cold.as_mut() {
+            if stopped {
+                c.open = None;
+                c.arena.clear();
+                c.names.clear();
+            } else {
+                let out = Out {
+                    inodes: &mut self.inodes,
+                    entries: &mut self.entries,
+                };
+                c.close(out)?;
+            }
         }
+        Ok(!stopped)
     }
 
     /// The keys from `from` up to `to` (excluded; none: the end).
@@ -1169,14 +1197,60 @@ pub fn load_inode(
     seed: u64,
     ino: u64,
 ) -> Result<Option<Inode>, LoadError> {
-    let from = inode_prefix(ino, CORE)[..9].to_vec();
-    let to = ino
+    let key = |sub: u8| inode_prefix(ino, sub);
+    let end = ino
         .checked_add(1)
         .map(|next| inode_prefix(next, CORE)[..9].to_vec());
-    let parts = Parts::scan_from(tree, store, seed, &from, to.as_deref(), true)?;
-    let mut inodes = parts.into_inodes()?;
+    let mut p = Parts {
+        cold: Some(ColdGroups::default()),
+        ..Parts::default()
+    };
+    let (dirents, xattrs) = (key(DIRENT), key(XATTR));
+    // Its core, target and extents.
+    let all = |_: &[u8]| true;
+    p.scan_more(
+        tree,
+        store,
+        seed,
+        Bound::Included(&key(CORE)[..9]),
+        Bound::Excluded(&dirents),
+        all,
+    )?;
+    // Its entries, listed up to `LISTED_MAX` groups; past that the directory comes
+    // back unlisted (`Dir::unlisted`), its entries read back by hash as they are met.
+    let (mut groups, mut last) = (0usize, None);
+    let listed = p.scan_more(
+        tree,
+        store,
+        seed,
+        Bound::Included(&dirents),
+        Bound::Excluded(&xattrs),
+        |k| {
+            let h = k.get(10..18);
+            if h != last.as_deref() {
+                groups += 1;
+                last = h.map(<[u8]>::to_vec);
+            }
+            groups <= LISTED_MAX
+        },
+    )?;
+    if !listed {
+        let d = (p.inodes.get_mut(&ino))
+            .ok_or_else(|| corrupt(format!("entries of inode {ino}, which does not exist")))?;
+        d.entries = super::dir::Dir::unlisted();
+        p.entries.retain(|e| e.0 != ino);
+    }
+    // Its extended attributes.
+    let to = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+    p.scan_more(tree, store, seed, Bound::Included(&xattrs), to, all)?;
+    let mut inodes = p.into_inodes()?;
     Ok(inodes.remove(&ino).map(|b| *b))
 }
+
+/// The most groups of entries a directory read back (`load_inode`) is listed with: a
+/// larger one comes back unlisted, since listing it reads every entry (about 20 a
+/// node: 4,096 groups are some 200 nodes, a few milliseconds).
+pub const LISTED_MAX: usize = 4096;
 
 /// Every inode the tree holds, as `load_inode` reads each.
 pub fn load_files(

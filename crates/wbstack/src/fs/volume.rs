@@ -428,8 +428,9 @@ pub struct InodeCacheStats {
     /// Clean inodes dropped from memory since mount.
     pub inodes_dropped: u64,
     /// Directory entries whose names are in memory, groups of them read back from the
-    /// tree since mount, and entries whose names left memory since mount (`fs::dir`:
-    /// a directory keeps only the hashes of entries unchanged since the durable
+    /// tree since mount (with the hashes of an unlisted directory read and found
+    /// empty), and entries whose names left memory since mount (`fs::dir`: a
+    /// directory keeps only the hashes of entries unchanged since the durable
     /// checkpoint).
     pub dirents_resident: u64,
     pub dirent_groups_read_back: u64,
@@ -1646,6 +1647,10 @@ impl Vol {
         }
         let i = st.inode(ino)?;
         let nm = String::from_utf8_lossy(name).into_owned();
+        if rmdir && i.is_dir() {
+            // Emptiness is a count, which an unlisted directory reads back first.
+            (i.entries.listed()).map_err(|cold| super::inodes::note_dir_miss(ino, cold))?;
+        }
         match (rmdir, i.is_dir()) {
             (false, true) => return Err(FsError::IsDir(nm)),
             (true, false) => return Err(FsError::NotDir(nm)),
@@ -1731,6 +1736,9 @@ impl Vol {
             }
             let vi = st.inode(v)?;
             let nm = String::from_utf8_lossy(nn).into_owned();
+            if src_dir && vi.is_dir() {
+                (vi.entries.listed()).map_err(|cold| super::inodes::note_dir_miss(v, cold))?;
+            }
             match (src_dir, vi.is_dir()) {
                 (true, false) => return Err(FsError::NotDir(nm)),
                 (false, true) => return Err(FsError::IsDir(nm)),
