@@ -192,7 +192,16 @@ pub fn serve(
     let result: UnmountResult = Default::default();
     let want_uring = match cfg.uring {
         UringMode::Off => false,
-        UringMode::Auto => uring::kernel_allows(),
+        UringMode::Auto => {
+            uring::kernel_allows()
+                && uring::can_set_up()
+                    .map_err(|e| {
+                        eprintln!(
+                            "wbstack mount: FUSE over io_uring: this process cannot set up io_uring ({e}); serving through /dev/fuse"
+                        )
+                    })
+                    .is_ok()
+        }
         UringMode::On => {
             if !uring::kernel_allows() {
                 return Err(FsError::Invalid(format!(
@@ -200,6 +209,9 @@ pub fn serve(
                     uring::ENABLE_PARAM
                 )));
             }
+            uring::can_set_up().map_err(|e| {
+                FsError::Invalid(format!("uring=on: this process cannot set up io_uring: {e}"))
+            })?;
             true
         }
     };
@@ -251,24 +263,30 @@ pub fn serve(
         let acl = uring::Acl {
             owner_only: (!cfg.allow_other).then_some(owner),
         };
+        // (error, whether the kernel refused a REGISTER and so serves through /dev/fuse)
         let started = match session.as_fd().try_clone_to_owned() {
             Ok(dev) => uring::Rings::start(fs.clone(), dev, cfg.ring_threads, MAX_PAYLOAD, acl)
-                .map_err(|(e, started)| {
+                .map_err(|f| {
                     // Joined at the session's end, before the volume unmounts.
-                    *rings.lock() = Some(started);
-                    e
+                    *rings.lock() = Some(f.started);
+                    (f.error, f.refused)
                 }),
-            Err(e) => Err(e),
+            Err(e) => Err((e, false)),
         };
         match started {
             Ok(r) => *rings.lock() = Some(r),
-            // /dev/fuse still serves every request: slower, not wrong.
-            Err(e) if cfg.uring == UringMode::Auto => {
+            // /dev/fuse serves every request: slower, not wrong.
+            Err((e, true)) if cfg.uring == UringMode::Auto => {
                 eprintln!(
                     "wbstack mount: FUSE over io_uring refused ({e}); serving through /dev/fuse"
                 )
             }
-            Err(e) => refused = Some(format!("uring=on: {e}")),
+            // Granted at INIT but never ready: the kernel would hold every request
+            // until unmount, so the mount is undone rather than left hanging.
+            Err((e, false)) => {
+                refused = Some(format!("FUSE over io_uring: a ring could not start: {e}"))
+            }
+            Err((e, _)) => refused = Some(format!("uring=on: {e}")),
         }
     } else if cfg.uring == UringMode::On {
         refused = Some("uring=on: the kernel did not offer FUSE over io_uring at INIT".into());

@@ -129,6 +129,18 @@ impl<'a> Body<'a> {
     }
 }
 
+/// A `fuse_setattr_in` time: its seconds are a signed `time_t` carried in a u64 (a
+/// time before 1970 is negative), as fuser reads them for /dev/fuse; None if it is out
+/// of `SystemTime`'s range (answered EINVAL).
+pub(super) fn time_of(secs: u64, nsecs: u32) -> Option<SystemTime> {
+    let secs = secs as i64;
+    let whole = match secs >= 0 {
+        true => UNIX_EPOCH.checked_add(Duration::from_secs(secs.unsigned_abs())),
+        false => UNIX_EPOCH.checked_sub(Duration::from_secs(secs.unsigned_abs())),
+    };
+    whole?.checked_add(Duration::from_nanos(u64::from(nsecs)))
+}
+
 /// Decodes one request (its fixed part and names as /dev/fuse carries them) and calls
 /// its handler. A body too short for its opcode is answered EINVAL, an opcode the
 /// server does not serve ENOSYS (as fuser's defaults answer).
@@ -184,12 +196,19 @@ pub(super) fn decode(
             let uid = b.u32()?;
             let gid = b.u32()?;
             let set = |bit: u32| valid & bit != 0;
-            let time = |now: bool, s: u64, ns: u32| {
-                if now {
-                    TimeOrNow::Now
-                } else {
-                    TimeOrNow::SpecificTime(UNIX_EPOCH + Duration::new(s, ns))
-                }
+            let time = |now: bool, s: u64, ns: u32| match now {
+                true => Some(TimeOrNow::Now),
+                false => time_of(s, ns).map(TimeOrNow::SpecificTime),
+            };
+            let atime = if set(16) {
+                Some(time(set(128), atime, atimensec)?)
+            } else {
+                None
+            };
+            let mtime = if set(32) {
+                Some(time(set(256), mtime, mtimensec)?)
+            } else {
+                None
             };
             // FATTR_MODE 1, UID 2, GID 4, SIZE 8, ATIME 16, MTIME 32, FH 64,
             // ATIME_NOW 128, MTIME_NOW 256.
@@ -200,8 +219,8 @@ pub(super) fn decode(
                 set(2).then_some(uid),
                 set(4).then_some(gid),
                 set(8).then_some(size),
-                set(16).then(|| time(set(128), atime, atimensec)),
-                set(32).then(|| time(set(256), mtime, mtimensec)),
+                atime,
+                mtime,
                 None::<SystemTime>,
                 set(64).then_some(FileHandle(fh)),
                 None,

@@ -32,13 +32,22 @@ impl RingReply {
         if body.len() > self.max {
             return self.error(Errno::ERANGE);
         }
-        let _ = self.tx.send(Out { error: 0, body });
+        self.put(Out { error: 0, body });
+    }
+
+    /// The entry takes one answer, the first: a second (a bug) is reported and
+    /// dropped, never waited on, since nothing reads it and the ring thread that
+    /// would wait is the one that reads the first.
+    fn put(&self, out: Out) {
+        if self.tx.try_send(out).is_err() {
+            eprintln!("wbstack mount: a ring request answered twice (a bug); the second answer is dropped");
+        }
     }
 }
 
 impl Fail for RingReply {
     fn error(self, e: Errno) {
-        let _ = self.tx.send(Out {
+        self.put(Out {
             error: -i32::from(e),
             body: Vec::new(),
         });

@@ -83,14 +83,19 @@ impl Rings {
         per_queue: usize,
         max_payload: usize,
         acl: Acl,
-    ) -> Result<Rings, (std::io::Error, Rings)> {
+    ) -> Result<Rings, StartError> {
         let no_threads = || Rings {
             threads: Vec::new(),
         };
-        let queues = possible_cpus().map_err(|e| (e, no_threads()))?;
+        let local = |error, started| StartError {
+            error,
+            refused: false,
+            started,
+        };
+        let queues = possible_cpus().map_err(|e| local(e, no_threads()))?;
         let dev = Arc::new(dev);
         let mut threads = Vec::new();
-        let (ready_tx, ready_rx) = bounded::<std::io::Result<()>>(queues * per_queue.max(1));
+        let (ready_tx, ready_rx) = bounded::<Result<(), Failed>>(queues * per_queue.max(1));
         for qid in 0..queues {
             let threads_here = if online(qid) { per_queue.max(1) } else { 1 };
             for i in 0..threads_here {
@@ -101,17 +106,22 @@ impl Rings {
                         let mut q = match Queue::new(dev.as_raw_fd(), qid as u16, max_payload) {
                             Ok(q) => q,
                             Err(e) => {
-                                let _ = ready.send(Err(e));
+                                let _ = ready.send(Err(Failed {
+                                    error: e,
+                                    refused: false,
+                                }));
                                 return;
                             }
                         };
                         pin_to(qid);
-                        q.serve(&fs, acl, &ready);
+                        if !q.serve(&fs, acl, &ready) {
+                            q.leak_buffers();
+                        }
                         drop(dev);
                     });
                 match t {
                     Ok(t) => threads.push(t),
-                    Err(e) => return Err((e, Rings { threads })),
+                    Err(e) => return Err(local(e, Rings { threads })),
                 }
             }
         }
@@ -120,10 +130,16 @@ impl Rings {
         for _ in 0..rings.threads.len() {
             match ready_rx.recv() {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err((e, rings)),
+                Ok(Err(f)) => {
+                    return Err(StartError {
+                        error: f.error,
+                        refused: f.refused,
+                        started: rings,
+                    })
+                }
                 Err(_) => {
                     let e = std::io::Error::other("a ring thread ended before registering");
-                    return Err((e, rings));
+                    return Err(local(e, rings));
                 }
             }
         }
@@ -143,6 +159,41 @@ impl Rings {
             }
         }
     }
+}
+
+/// Why the rings did not start.
+pub struct StartError {
+    pub error: std::io::Error,
+    /// The kernel refused a REGISTER: it has turned the connection back to /dev/fuse,
+    /// which serves every request. Otherwise a ring failed before registering (no
+    /// ring, no thread), the kernel still holds every request until each queue has an
+    /// entry, and the mount cannot serve.
+    pub refused: bool,
+    /// The threads started: those that registered serve until the connection ends and
+    /// must be joined before the volume unmounts.
+    pub started: Rings,
+}
+
+/// A ring thread's failure to start, as it tells `Rings::start`.
+struct Failed {
+    error: std::io::Error,
+    refused: bool,
+}
+
+/// Whether this process can set up the rings' kind of io_uring (128-byte entries, one
+/// issuer, deferred task work): io_uring may be switched off (`kernel.io_uring_disabled`)
+/// or filtered (a container's seccomp profile). Asked before INIT asks for FUSE over
+/// io_uring, since once INIT grants it the kernel holds every request until each queue
+/// has an entry, and only a REGISTER it refuses turns it back to /dev/fuse.
+pub fn can_set_up() -> std::io::Result<()> {
+    ring().map(drop)
+}
+
+fn ring() -> std::io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
+    IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build(4)
 }
 
 /// The kernel makes one queue per possible CPU (`num_possible_cpus`) and the ring is
@@ -196,10 +247,7 @@ struct Queue {
 
 impl Queue {
     fn new(fd: RawFd, qid: u16, max_payload: usize) -> std::io::Result<Queue> {
-        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .setup_single_issuer()
-            .setup_defer_taskrun()
-            .build(4)?;
+        let ring = ring()?;
         let mut header = Box::new([0u64; HEADER_BYTES / 8]);
         let mut payload = vec![0u8; max_payload].into_boxed_slice();
         let iov = Box::new([
@@ -247,11 +295,14 @@ impl Queue {
     }
 
     /// Registers the entry, then serves: each completion is a request in the entry's
-    /// buffers, answered by COMMIT_AND_FETCH, which also waits for the next.
-    fn serve(&mut self, fs: &WbFs, acl: Acl, ready: &Sender<std::io::Result<()>>) {
-        if let Err(e) = self.register() {
-            let _ = ready.send(Err(e));
-            return;
+    /// buffers, answered by COMMIT_AND_FETCH, which also waits for the next. True
+    /// once the connection ended (or REGISTER failed: the kernel holds no buffer);
+    /// false if the thread stops while the connection lives on (a bug, or the kernel
+    /// refusing a commit), its entry then lost to its CPU's queue.
+    fn serve(&mut self, fs: &WbFs, acl: Acl, ready: &Sender<Result<(), Failed>>) -> bool {
+        if let Err(f) = self.register() {
+            let _ = ready.send(Err(f));
+            return true;
         }
         let _ = ready.send(Ok(()));
         loop {
@@ -260,42 +311,73 @@ impl Queue {
                     continue;
                 }
                 eprintln!("wbstack mount: FUSE ring queue {}: {e}", self.qid);
-                return;
+                return false;
             }
             let Some(cqe) = self.ring.completion().next() else {
                 continue;
             };
             let res = cqe.result();
             if res < 0 {
-                // ENOTCONN: the connection ended (unmount, abort).
-                if res != -libc::ENOTCONN && res != -libc::ECANCELED {
-                    eprintln!(
-                        "wbstack mount: FUSE ring queue {}: {}",
-                        self.qid,
-                        std::io::Error::from_raw_os_error(-res)
-                    );
+                // The connection ended: unmount (ENOTCONN, ECANCELED) or an abort
+                // (ECONNABORTED: through sysfs, or a request timeout).
+                let ended = [libc::ENOTCONN, libc::ECANCELED, libc::ECONNABORTED];
+                if ended.contains(&-res) {
+                    return true;
                 }
-                return;
+                eprintln!(
+                    "wbstack mount: FUSE ring queue {}: {}; its thread stops",
+                    self.qid,
+                    std::io::Error::from_raw_os_error(-res)
+                );
+                return false;
             }
             let unique = self.handle(fs, acl);
             let next = self.cmd(FUSE_IO_URING_CMD_COMMIT_AND_FETCH, unique);
             if !self.push(&next) {
-                return;
+                eprintln!("wbstack mount: FUSE ring queue {}: the submission queue is full; its thread stops", self.qid);
+                return false;
             }
         }
     }
 
+    /// The entry's buffers are never freed: a thread that stopped while the connection
+    /// lives on leaves them registered, and the kernel may still hold their addresses.
+    fn leak_buffers(&mut self) {
+        let header = std::mem::replace(&mut self.header, Box::new([0u64; HEADER_BYTES / 8]));
+        let payload = std::mem::take(&mut self.payload);
+        let iov = std::mem::replace(
+            &mut self.iov,
+            Box::new(
+                [libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                }; 2],
+            ),
+        );
+        Box::leak(header);
+        Box::leak(payload);
+        Box::leak(iov);
+    }
+
     /// Sends REGISTER. It completes only when a request arrives; a refusal completes
     /// at once, during the submit.
-    fn register(&mut self) -> std::io::Result<()> {
+    fn register(&mut self) -> Result<(), Failed> {
+        let local = |error| Failed {
+            error,
+            refused: false,
+        };
         let reg = self.cmd(FUSE_IO_URING_CMD_REGISTER, 0);
         if !self.push(&reg) {
-            return Err(std::io::Error::other("the ring's submission queue is full"));
+            let e = std::io::Error::other("the ring's submission queue is full");
+            return Err(local(e));
         }
-        self.ring.submit()?;
+        self.ring.submit().map_err(local)?;
         if let Some(cqe) = self.ring.completion().next() {
             if cqe.result() < 0 {
-                return Err(std::io::Error::from_raw_os_error(-cqe.result()));
+                return Err(Failed {
+                    error: std::io::Error::from_raw_os_error(-cqe.result()),
+                    refused: true,
+                });
             }
             debug_assert!(false, "REGISTER completed without a request");
         }
@@ -306,8 +388,9 @@ impl Queue {
         // SAFETY: the SQE points at `self.iov`, whose iovecs point at `self.header`
         // and `self.payload`; all three are boxed (they do not move) and live as long
         // as `self`. The kernel holds the entry's buffers until the connection ends,
-        // which is what ends `serve` (its last completion is ENOTCONN), and the
-        // thread drops `self` only after `serve` returns.
+        // which is what ends `serve` (its last completion is ENOTCONN); the thread
+        // drops `self` only after `serve` returns, and leaks the three if `serve`
+        // stopped with the connection still up (`leak_buffers`).
         unsafe { self.ring.submission().push(e) }.is_ok()
     }
 
@@ -407,6 +490,7 @@ mod tests {
     use crate::reply::EmptyReply;
     use crate::server::UnmountResult;
     use std::ffi::OsStr;
+    use std::time::{Duration, UNIX_EPOCH};
     use wbstack::block::{QueueConfig, RequestQueue};
     use wbstack::fs::{MkfsOptions, MountOptions, Volume};
 
@@ -604,6 +688,59 @@ mod tests {
         let r = RingReply { tx, max: 16 };
         contained(&1, move || EmptyReply::ok(r));
         assert_eq!(rx.recv().unwrap().error, 0);
+    }
+
+    /// A time before 1970 is a negative `time_t` in fuse_setattr_in's u64: set as
+    /// fuser sets it through /dev/fuse (the volume clamps it to 0), not a panic that
+    /// answers EIO.
+    #[test]
+    fn a_setattr_time_before_1970_is_set_not_a_panic() {
+        let fs = volume();
+        let mut head = Vec::new();
+        for x in [libc::O_RDWR as u32, 0o100644, 0, 0] {
+            ne32(&mut head, x);
+        }
+        let (_, body) = call(&fs, op::CREATE, 1, &head, &name("old"));
+        let ino = u64_at(&body, 0);
+        // fuse_setattr_in: valid (FATTR_ATIME), padding, fh, size, lock_owner, atime,
+        // mtime, ctime, three nsecs, mode, unused4, uid, gid, unused5: 88 bytes.
+        let mut s = Vec::new();
+        ne32(&mut s, 16);
+        ne32(&mut s, 0);
+        for x in [0, 0, 0, (-86_400i64) as u64, 0, 0] {
+            ne64(&mut s, x);
+        }
+        for x in [500_000_000, 0, 0, 0, 0, 0, 0, 0] {
+            ne32(&mut s, x);
+        }
+        assert_eq!(s.len(), 88);
+        let (err, body) = call(&fs, op::SETATTR, ino, &s, &[]);
+        assert_eq!(err, 0);
+        // fuse_attr_out: attr_valid, attr_valid_nsec, dummy, then fuse_attr (ino,
+        // size, blocks, atime).
+        assert_eq!(u64_at(&body, 16), ino);
+        assert_eq!(u64_at(&body, 16 + 24), 0, "atime clamped to the epoch");
+        let day_before = UNIX_EPOCH - Duration::from_secs(86_400);
+        assert_eq!(
+            decode::time_of((-86_400i64) as u64, 7),
+            day_before.checked_add(Duration::from_nanos(7))
+        );
+        assert_eq!(
+            decode::time_of(5, 0),
+            UNIX_EPOCH.checked_add(Duration::from_secs(5))
+        );
+    }
+
+    /// A request answered twice (a bug) keeps its first answer, and the second does
+    /// not block the thread that sends it.
+    #[test]
+    fn a_second_answer_is_dropped_not_waited_on() {
+        let (tx, rx) = bounded::<Out>(1);
+        let r = RingReply { tx, max: 16 };
+        EmptyReply::ok(r.clone());
+        r.error(Errno::EIO);
+        assert_eq!(rx.recv().unwrap().error, 0);
+        assert!(rx.try_recv().is_err());
     }
 
     #[test]
