@@ -310,6 +310,10 @@ impl Dir {
         self.partial.as_deref()?.unlisted.as_deref()
     }
 
+    fn unlisted_mut(&mut self) -> Option<&mut Unlisted> {
+        self.partial.as_deref_mut()?.unlisted.as_deref_mut()
+    }
+
     /// Err(`ALL`) if the directory is unlisted: for a caller about to count its
     /// entries (`len`, `is_empty`, `subdirs`), which an unlisted one does not know.
     pub fn listed(&self) -> Result<(), Cold> {
@@ -471,11 +475,7 @@ impl Dir {
     /// A group of hash `h` is resident now: an unlisted directory's note that it had
     /// none goes (the group's own stamp keeps it until it is durable).
     fn forget_absent(&mut self, h: u64) {
-        if let Some(u) = self
-            .partial
-            .as_deref_mut()
-            .and_then(|p| p.unlisted.as_deref_mut())
-        {
+        if let Some(u) = self.unlisted_mut() {
             u.absent.remove(&h);
         }
     }
@@ -506,11 +506,7 @@ impl Dir {
         // A group left with other names keeps them resident until this is durable.
         self.stamp(h, stamp);
         if !self.by_hash.contains_key(&h) {
-            if let Some(u) = self
-                .partial
-                .as_deref_mut()
-                .and_then(|p| p.unlisted.as_deref_mut())
-            {
+            if let Some(u) = self.unlisted_mut() {
                 // Until the removal is durable, the durable root still holds the name:
                 // a read back of the hash would bring it back.
                 debug_assert!(
@@ -610,27 +606,22 @@ impl Dir {
             if self.by_hash.contains_key(&h) || u.absent.contains_key(&h) || names.is_empty() {
                 return false;
             }
-            for e in names {
-                debug_assert_eq!(e.hash, h, "a name of another group");
-                let before = self.insert_at(h, &e.name, e.ino, e.kind);
-                debug_assert!(before.is_none(), "a name twice in group {h}");
+        } else {
+            if !p.cold.remove(h) {
+                return false;
             }
-            return true;
+            let subdirs = names
+                .iter()
+                .filter(|e| e.kind == Some(InodeKind::Dir))
+                .count() as u32;
+            debug_assert!(
+                p.cold_entries >= names.len() && p.cold_subdirs >= subdirs,
+                "group {h} read back with more names than went cold"
+            );
+            p.cold_entries -= names.len();
+            p.cold_subdirs -= subdirs;
+            self.len -= names.len();
         }
-        if !p.cold.remove(h) {
-            return false;
-        }
-        let subdirs = names
-            .iter()
-            .filter(|e| e.kind == Some(InodeKind::Dir))
-            .count() as u32;
-        debug_assert!(
-            p.cold_entries >= names.len() && p.cold_subdirs >= subdirs,
-            "group {h} read back with more names than went cold"
-        );
-        p.cold_entries -= names.len();
-        p.cold_subdirs -= subdirs;
-        self.len -= names.len();
         for e in names {
             debug_assert_eq!(e.hash, h, "a name of another group");
             let before = self.insert_at(h, &e.name, e.ino, e.kind);
@@ -652,21 +643,13 @@ impl Dir {
             return Ok(self.install_listing(found));
         }
         let mut installed = 0;
-        let mut at = 0;
-        while at < found.len() {
-            let h = found[at].hash;
-            let n = found[at..].iter().take_while(|e| e.hash == h).count();
-            installed += usize::from(self.install_group(h, &found[at..at + n]));
-            at += n;
+        for group in found.chunk_by(|a, b| a.hash == b.hash) {
+            installed += usize::from(self.install_group(group[0].hash, group));
         }
         if asked.from == asked.to && found.is_empty() {
             let h = asked.from;
             let resident = self.by_hash.contains_key(&h);
-            if let Some(u) = self
-                .partial
-                .as_deref_mut()
-                .and_then(|p| p.unlisted.as_deref_mut())
-            {
+            if let Some(u) = self.unlisted_mut() {
                 if !resident && !u.absent.contains_key(&h) {
                     u.absent.insert(h, 0);
                     installed += 1;
@@ -686,12 +669,8 @@ impl Dir {
         let Some(u) = self.partial.as_deref_mut().and_then(|p| p.unlisted.take()) else {
             return 0;
         };
-        let mut at = 0;
-        while at < found.len() {
-            let h = found[at].hash;
-            let n = found[at..].iter().take_while(|e| e.hash == h).count();
-            let group = &found[at..at + n];
-            at += n;
+        for group in found.chunk_by(|a, b| a.hash == b.hash) {
+            let h = group[0].hash;
             if self.by_hash.contains_key(&h) || u.absent.contains_key(&h) {
                 continue;
             }
@@ -700,7 +679,7 @@ impl Dir {
                     .iter()
                     .filter(|e| e.kind == Some(InodeKind::Dir))
                     .count() as u32;
-                self.add_cold(h, n, subdirs);
+                self.add_cold(h, group.len(), subdirs);
             } else {
                 for e in group {
                     let before = self.insert_at(h, &e.name, e.ino, e.kind);
@@ -715,11 +694,7 @@ impl Dir {
     /// the groups changed since. Groups with a kind not known stay (an entry cold must
     /// say whether it names a directory). Returns how many entries went cold.
     pub(super) fn shrink(&mut self, durable_gen: u64) -> usize {
-        if let Some(u) = self
-            .partial
-            .as_deref_mut()
-            .and_then(|p| p.unlisted.as_deref_mut())
-        {
+        if let Some(u) = self.unlisted_mut() {
             // Unlisted: a clean group is dropped, not listed cold (its read back asks
             // for its hash alone), and what was known absent is forgotten once the
             // tree's durable root says so too.
@@ -1038,9 +1013,6 @@ mod tests {
         assert!(!one.contains(0));
     }
 
-    /// What a partial directory's caller does (`Meta::apply`, `Vol::faulting`): an
-    /// operation that meets a cold group reads it back from the "durable tree" (the
-    /// model as of the last checkpoint) and runs again.
     /// An unlisted directory: a name's lookup reads back its hash alone; a removal
     /// keeps the hash known absent until the removal is durable (the durable root
     /// holds the name until then), then the tree is asked again; a read that finds
@@ -1086,6 +1058,9 @@ mod tests {
         );
     }
 
+    /// What a partial directory's caller does (`Meta::apply`, `Vol::faulting`): an
+    /// operation that meets a cold group reads it back from the "durable tree" (the
+    /// model as of the last checkpoint) and runs again.
     mod partial {
         use super::*;
         use proptest::prelude::*;

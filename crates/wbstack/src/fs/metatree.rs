@@ -846,9 +846,15 @@ impl ColdGroups {
                 start = end;
             }
         }
+        self.drop_open();
+        Ok(())
+    }
+
+    /// Forget the open group: closed, or left unfinished by a scan that stopped.
+    fn drop_open(&mut self) {
+        self.open = None;
         self.arena.clear();
         self.names.clear();
-        Ok(())
     }
 }
 
@@ -907,9 +913,7 @@ impl Parts {
         }
         if let Some(c) = self.cold.as_mut() {
             if stopped {
-                c.open = None;
-                c.arena.clear();
-                c.names.clear();
+                c.drop_open();
             } else {
                 let out = Out {
                     inodes: &mut self.inodes,
@@ -1226,10 +1230,11 @@ pub fn load_inode(
         Bound::Included(&dirents),
         Bound::Excluded(&xattrs),
         |k| {
-            let h = k.get(10..18);
-            if h != last.as_deref() {
+            // A dirent key: the inode's 10-byte prefix, then the name's hash.
+            let h = k.get(10..).and_then(be64);
+            if h != last {
                 groups += 1;
-                last = h.map(<[u8]>::to_vec);
+                last = h;
             }
             groups <= LISTED_MAX
         },
