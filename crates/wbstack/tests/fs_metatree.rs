@@ -37,7 +37,7 @@ impl wbstack::fs::inodes::InodeSource for NoSource {
     ) -> wbstack::fs::inodes::DirentsRead {
         wbstack::fs::inodes::DirentsRead {
             gen: 0,
-            entries: Ok(Vec::new()),
+            found: Ok(Default::default()),
         }
     }
 }
@@ -349,6 +349,24 @@ fn a_directory_read_back_lazily_keeps_its_groups_cold_with_their_counts() {
         .unwrap();
     assert_eq!((d.entries.len(), d.entries.resident_len()), (4, 1));
     assert_eq!(d.entries.iter().collect::<Vec<_>>(), vec![(&b"b"[..], 5)]);
+    // A listing (an unlisted directory's) counts the groups whose kinds are recorded,
+    // in hash order, and reads "b"'s whole.
+    let l = metatree::load_listing(&tree, &store, SEED, 2).unwrap();
+    let names: Vec<&[u8]> = l.entries.iter().map(|e| &e.name[..]).collect();
+    assert_eq!(names, vec![&b"b"[..]]);
+    assert_eq!(l.entries[0].kind, None);
+    let mut want: Vec<(u64, u32, u32)> = [("a", 0), ("sub", 1), ("c", 0)]
+        .iter()
+        .map(|&(n, s)| (metatree::name_hash(SEED, n.as_bytes()), 1, s))
+        .collect();
+    want.sort_unstable();
+    let got: Vec<(u64, u32, u32)> = (l.groups.iter())
+        .inspect(|g| assert_eq!(g.dir, 2))
+        .map(|g| (g.hash, g.names, g.subdirs))
+        .collect();
+    assert_eq!(got, want);
+    let empty = metatree::load_listing(&tree, &store, SEED, 3).unwrap();
+    assert!(empty.entries.is_empty() && empty.groups.is_empty());
 
     // An entry of inode 9, which has no core record.
     let ops = [TreeOp::Put(

@@ -20,9 +20,10 @@
 use super::alloc::FreeSpace;
 use super::btree::store::DeviceStore;
 use super::btree::{Root, Tree, TreeError, TreeResult};
+use super::dir;
 use super::error::{FsError, FsResult};
 use super::format::Checkpoint;
-use super::inodes::{DirMiss, DirentsRead, InodeSource, Read};
+use super::inodes::{DirMiss, DirentsFound, DirentsRead, InodeSource, Read};
 use super::meta::Meta;
 use super::metatree::{self, Captured, RootRecord, SpaceRecord};
 use crate::block::RequestQueue;
@@ -96,23 +97,25 @@ impl InodeSource for DurableTree {
 
     fn read_dirents(&self, asked: &[DirMiss]) -> DirentsRead {
         let (tree, gen) = self.tree();
-        let entries = tree.and_then(|t| {
-            let mut out = Vec::new();
+        let found = tree.and_then(|t| {
+            let mut out = DirentsFound::default();
             for m in asked {
-                let e = metatree::load_dirents(
-                    &t,
-                    &*self.store,
-                    self.fs_id,
-                    m.dir,
-                    m.cold.from,
-                    m.cold.to,
-                )
-                .map_err(|e| read_back_err(&format!("reading directory {} back", m.dir), e))?;
-                out.extend(e);
+                let store = &*self.store;
+                let err = |e| read_back_err(&format!("reading directory {} back", m.dir), e);
+                if m.cold == dir::ALL {
+                    let l = metatree::load_listing(&t, store, self.fs_id, m.dir).map_err(err)?;
+                    out.entries.extend(l.entries);
+                    out.groups.extend(l.groups);
+                } else {
+                    let (from, to) = (m.cold.from, m.cold.to);
+                    let e = metatree::load_dirents(&t, store, self.fs_id, m.dir, from, to)
+                        .map_err(err)?;
+                    out.entries.extend(e);
+                }
             }
             Ok(out)
         });
-        DirentsRead { gen, entries }
+        DirentsRead { gen, found }
     }
 
     fn read_all(&self) -> Read {

@@ -32,7 +32,7 @@
 //! readdir) asks for the whole range, and that read lists the directory.
 
 use super::format::InodeKind;
-use super::inodes::DirentRead;
+use super::inodes::{DirentRead, GroupRead};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -631,17 +631,26 @@ impl Dir {
     }
 
     /// Install what a read back of the range `asked` found (`found`: the durable
-    /// tree's entries of this directory in that range, in key order); how many groups
-    /// came into memory or became known absent (what a shrink is due after). An
-    /// unlisted directory learns what the read says: a single hash with no group is
-    /// known absent, and a read of every hash (`ALL`) lists it.
+    /// tree's entries of this directory in that range, in key order; `counted`: the
+    /// groups a listing counted without their names, which only an ask of `ALL`
+    /// has); how many groups came into memory or became known absent (what a shrink
+    /// is due after). An unlisted directory learns what the read says: a single hash
+    /// with no group is known absent, and a listing lists it.
     /// Err: the hash of a group listed cold in the range that the read did not find
     /// (the tree lost entries the directory counts: `add_cold` took them from the same
     /// root).
-    pub(super) fn install_read(&mut self, asked: Cold, found: &[DirentRead]) -> Result<usize, u64> {
-        if self.unlisted_part().is_some() && asked == ALL {
-            return Ok(self.install_listing(found));
+    pub(super) fn install_read(
+        &mut self,
+        asked: Cold,
+        found: &[DirentRead],
+        counted: &[GroupRead],
+    ) -> Result<usize, u64> {
+        if asked == ALL {
+            // Listed already (another reader's listing came first, or a load listed
+            // it): a listing has nothing to add, its groups being cold or newer.
+            return Ok(self.install_listing(found, counted));
         }
+        debug_assert!(counted.is_empty(), "a range asked for, answered by counts");
         let mut installed = 0;
         for group in found.chunk_by(|a, b| a.hash == b.hash) {
             installed += usize::from(self.install_group(group[0].hash, group));
@@ -662,25 +671,25 @@ impl Dir {
         }
     }
 
-    /// An unlisted directory's every entry, as the durable tree holds them, lists it:
-    /// the groups not resident nor known absent (memory is newer for those) go cold,
-    /// as a load lists them. Returns 0: nothing came into memory but hashes.
-    fn install_listing(&mut self, found: &[DirentRead]) -> usize {
+    /// An unlisted directory's listing, as the durable tree holds it, lists it: the
+    /// groups not resident nor known absent (memory is newer for those) go cold, as a
+    /// load lists them, and those with a kind not recorded (`found`: their names)
+    /// come into memory. Returns 0: nothing came into memory but hashes.
+    fn install_listing(&mut self, found: &[DirentRead], counted: &[GroupRead]) -> usize {
         let Some(u) = self.partial.as_deref_mut().and_then(|p| p.unlisted.take()) else {
             return 0;
         };
+        let known = |d: &Dir, h: u64| d.by_hash.contains_key(&h) || u.absent.contains_key(&h);
+        // In hash order, so that each group appends to the cold set.
+        for g in counted {
+            if !known(self, g.hash) {
+                self.add_cold(g.hash, g.names as usize, g.subdirs);
+            }
+        }
         for group in found.chunk_by(|a, b| a.hash == b.hash) {
             let h = group[0].hash;
-            if self.by_hash.contains_key(&h) || u.absent.contains_key(&h) {
-                continue;
-            }
-            if group.iter().all(|e| e.kind.is_some()) {
-                let subdirs = group
-                    .iter()
-                    .filter(|e| e.kind == Some(InodeKind::Dir))
-                    .count() as u32;
-                self.add_cold(h, group.len(), subdirs);
-            } else {
+            debug_assert!(group.iter().any(|e| e.kind.is_none()), "a group read whole");
+            if !known(self, h) {
                 for e in group {
                     let before = self.insert_at(h, &e.name, e.ino, e.kind);
                     debug_assert!(before.is_none(), "a name twice in group {h}");
@@ -1031,26 +1040,39 @@ mod tests {
         let one = |h| Cold { from: h, to: h };
         let mut d = Dir::unlisted();
         assert_eq!(d.lookup_at(ha, b"a"), Err(one(ha)));
-        assert_eq!(d.install_read(one(ha), &[entry(b"a", 5, kind)]), Ok(1));
+        assert_eq!(d.install_read(one(ha), &[entry(b"a", 5, kind)], &[]), Ok(1));
         assert_eq!(d.lookup_at(ha, b"a"), Ok(Some((5, kind))));
         assert_eq!(d.remove_at(ha, b"a", Some(3)), Some(5));
         d.shrink(2);
         assert_eq!(d.lookup_at(ha, b"a"), Ok(None), "known absent, not read");
         d.shrink(3);
         assert_eq!(d.lookup_at(ha, b"a"), Err(one(ha)), "the tree says so now");
-        assert_eq!(d.install_read(one(ha), &[]), Ok(1));
+        assert_eq!(d.install_read(one(ha), &[], &[]), Ok(1));
         assert_eq!(d.lookup_at(ha, b"a"), Ok(None));
         assert_eq!(d.insert_new_at(ha, b"a", 6, kind, Some(4)), Ok(true));
         assert_eq!(
             (d.listed(), d.all_resident(), d.subdirs()),
             (Err(ALL), Err(ALL), None)
         );
-        // The durable root lists b (a directory) and the a removed before.
-        let listing = [entry(b"b", 9, Some(InodeKind::Dir))];
-        assert_eq!(d.install_read(ALL, &listing), Ok(0));
+        // The durable root holds b (a directory), counted by the listing, and c,
+        // whose kind it does not record, read whole (a group cold must say whether
+        // it names a directory).
+        let hc = name_hash(7, b"c");
+        let counted = [GroupRead {
+            dir: 1,
+            hash: hb,
+            names: 1,
+            subdirs: 1,
+        }];
+        let whole = [entry(b"c", 10, None)];
+        assert_eq!(d.install_read(ALL, &whole, &counted), Ok(0));
         assert_eq!(d.listed(), Ok(()));
-        assert_eq!((d.len(), d.resident_len(), d.subdirs()), (2, 1, Some(1)));
+        assert_eq!((d.len(), d.resident_len(), d.subdirs()), (3, 2, None));
         assert_eq!(d.lookup_at(hb, b"b"), Err(one(hb)), "listed cold");
+        assert_eq!(d.lookup_at(hc, b"c"), Ok(Some((10, None))), "resident");
+        // Another reader's listing, installed after: nothing to add.
+        assert_eq!(d.install_read(ALL, &whole, &counted), Ok(0));
+        assert_eq!(d.len(), 3);
         assert_eq!(
             d.lookup_at(ha, b"a"),
             Ok(Some((6, kind))),
@@ -1133,7 +1155,20 @@ mod tests {
                     .filter(|e| (c.from..=c.to).contains(&e.hash))
                     .collect();
                 found.sort_by(|a, b| (a.hash, &a.name).cmp(&(b.hash, &b.name)));
-                let r = self.d.install_read(c, &found);
+                // A listing counts its groups, every kind being recorded here.
+                let mut counted = Vec::new();
+                if c == ALL {
+                    for g in std::mem::take(&mut found).chunk_by(|a, b| a.hash == b.hash) {
+                        counted.push(GroupRead {
+                            dir: 1,
+                            hash: g[0].hash,
+                            names: g.len() as u32,
+                            subdirs: g.iter().filter(|e| e.kind == Some(InodeKind::Dir)).count()
+                                as u32,
+                        });
+                    }
+                }
+                let r = self.d.install_read(c, &found, &counted);
                 assert!(r.is_ok(), "a cold group the durable copy lacks: {r:?}");
             }
 

@@ -43,7 +43,9 @@ pub trait InodeSource: Send + Sync {
 
     /// The entries of each directory with hashes in each range asked, as the last
     /// durable checkpoint holds them (`fs::dir`'s cold groups): each ask's in turn,
-    /// each in key order.
+    /// each in key order. An ask of every hash (`dir::ALL`, an unlisted directory's)
+    /// is a listing: each group whose kinds are all recorded is counted in `groups`,
+    /// its names not read; the others' names come in `entries`.
     fn read_dirents(&self, asked: &[DirMiss]) -> DirentsRead;
 }
 
@@ -64,10 +66,30 @@ pub struct DirentRead {
     pub kind: Option<InodeKind>,
 }
 
+/// A group of names sharing a hash, counted and not read: how a listing
+/// (`InodeSource::read_dirents` asked `dir::ALL`) returns each group whose every kind
+/// is recorded (listing a cold directory of a million entries read a million names
+/// only to drop them, about 100 MB at its peak).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupRead {
+    pub dir: u64,
+    pub hash: u64,
+    pub names: u32,
+    pub subdirs: u32,
+}
+
+/// What `InodeSource::read_dirents` found: each ask's part in turn, each in key order.
+#[derive(Debug, Default)]
+pub struct DirentsFound {
+    pub entries: Vec<DirentRead>,
+    /// Groups counted, of the asks that were listings.
+    pub groups: Vec<GroupRead>,
+}
+
 /// What `InodeSource::read_dirents` read, from the root of durable generation `gen`.
 pub struct DirentsRead {
     pub gen: u64,
-    pub entries: Result<Vec<DirentRead>, FsError>,
+    pub found: Result<DirentsFound, FsError>,
 }
 
 /// What an `InodeSource` read, from the root of durable generation `gen`.
@@ -345,22 +367,29 @@ impl Inodes {
         if read.gen != self.durable_gen {
             return Ok(false);
         }
-        let found = read.entries?;
+        let found = read.found?;
         if self.groups_in >= SHRINK_AFTER_GROUPS {
             // Before, not after: what this installs stays for the rerun it is for.
             self.shrink_dirs();
         }
-        // `found` holds each ask's entries in turn, in key order.
-        let mut at = 0;
+        // `found` holds each ask's entries and groups in turn, in key order.
+        let (mut at, mut at_groups) = (0, 0);
         for m in asked {
-            let n = found[at..]
+            let ours =
+                |dir: u64, hash: u64| dir == m.dir && (m.cold.from..=m.cold.to).contains(&hash);
+            let n = found.entries[at..]
                 .iter()
-                .take_while(|e| e.dir == m.dir && (m.cold.from..=m.cold.to).contains(&e.hash))
+                .take_while(|e| ours(e.dir, e.hash))
                 .count();
-            let part = &found[at..at + n];
-            at += n;
+            let g = found.groups[at_groups..]
+                .iter()
+                .take_while(|e| ours(e.dir, e.hash))
+                .count();
+            let part = &found.entries[at..at + n];
+            let counted = &found.groups[at_groups..at_groups + g];
+            (at, at_groups) = (at + n, at_groups + g);
             if let Some(d) = self.map.get_mut(&m.dir) {
-                let groups = d.entries.install_read(m.cold, part).map_err(|h| {
+                let groups = d.entries.install_read(m.cold, part, counted).map_err(|h| {
                     FsError::Corrupt(format!(
                         "directory {}: the entries of hash {h:#x} are missing from the metadata tree",
                         m.dir
@@ -370,7 +399,10 @@ impl Inodes {
                 self.dirent_faults += groups as u64;
             }
         }
-        debug_assert_eq!(at, found.len(), "entries read back for no ask");
+        debug_assert!(
+            at == found.entries.len() && at_groups == found.groups.len(),
+            "entries read back for no ask"
+        );
         Ok(true)
     }
 

@@ -23,7 +23,7 @@ use super::alloc::FreeSpace;
 use super::btree::{ChildPtr, NodeStore, Root, Tree, TreeError, TreeResult};
 use super::dir::Cold;
 use super::format::{InodeKind, XATTR_SIZE_MAX};
-use super::inodes::DirentRead;
+use super::inodes::{DirentRead, DirentsFound, GroupRead};
 use super::meta::{valid_name, Changes, Inode, Meta, MetaError, ROOT_INO, TARGET_MAX};
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
@@ -788,6 +788,9 @@ struct ColdGroups {
     open: Option<ColdGroup>,
     arena: Vec<u8>,
     names: Vec<(usize, Named)>,
+    /// Set for a listing (`load_listing`): a cold group is counted here, not in its
+    /// directory (there is none: the directory is in memory already).
+    listing: Option<Vec<GroupRead>>,
 }
 
 /// A group of names sharing a hash.
@@ -834,10 +837,21 @@ impl ColdGroups {
             return Ok(());
         };
         if self.names.iter().all(|(_, n)| n.kind.is_some()) {
-            let d = out.inodes.get_mut(&g.dir).ok_or_else(|| {
-                corrupt(format!("an entry of inode {}, which does not exist", g.dir))
-            })?;
-            d.entries.add_cold(g.hash, g.names, g.subdirs);
+            if let Some(l) = self.listing.as_mut() {
+                l.push(GroupRead {
+                    dir: g.dir,
+                    hash: g.hash,
+                    names: u32::try_from(g.names).map_err(|_| {
+                        corrupt(format!("directory {}: a group of {} names", g.dir, g.names))
+                    })?,
+                    subdirs: g.subdirs,
+                });
+            } else {
+                let d = out.inodes.get_mut(&g.dir).ok_or_else(|| {
+                    corrupt(format!("an entry of inode {}, which does not exist", g.dir))
+                })?;
+                d.entries.add_cold(g.hash, g.names, g.subdirs);
+            }
         } else {
             let mut start = 0;
             for &(end, n) in &self.names {
@@ -1287,8 +1301,11 @@ pub fn load_dirents(
         None => inode_prefix(dir, DIRENT + 1),
     };
     let parts = Parts::scan_from(tree, store, seed, &lo, Some(&hi), false)?;
-    Ok(parts
-        .entries
+    Ok(dirents_read(parts.entries))
+}
+
+fn dirents_read(entries: Vec<(u64, u64, Vec<u8>, Named)>) -> Vec<DirentRead> {
+    entries
         .into_iter()
         .map(|(d, hash, name, Named { ino, kind })| DirentRead {
             dir: d,
@@ -1297,7 +1314,40 @@ pub fn load_dirents(
             ino,
             kind,
         })
-        .collect())
+        .collect()
+}
+
+/// The listing of directory `dir` (an unlisted one's: `fs::dir::ALL`): each group of
+/// entries counted, its names dropped as the scan passes it, unless a kind in it is
+/// not recorded (format 4), whose names come back whole.
+pub fn load_listing(
+    tree: &Tree,
+    store: &dyn NodeStore,
+    seed: u64,
+    dir: u64,
+) -> Result<DirentsFound, LoadError> {
+    let mut p = Parts {
+        cold: Some(ColdGroups {
+            listing: Some(Vec::new()),
+            ..ColdGroups::default()
+        }),
+        ..Parts::default()
+    };
+    let (from, to) = (inode_prefix(dir, DIRENT), inode_prefix(dir, DIRENT + 1));
+    let all = |_: &[u8]| true;
+    p.scan_more(
+        tree,
+        store,
+        seed,
+        Bound::Included(&from),
+        Bound::Excluded(&to),
+        all,
+    )?;
+    let groups = p.cold.and_then(|c| c.listing).expect("set above");
+    Ok(DirentsFound {
+        entries: dirents_read(p.entries),
+        groups,
+    })
 }
 
 const ROOT_MAGIC: u32 = 0x5452_4257; // "WBRT"
