@@ -710,6 +710,22 @@ fn a_large_directory_comes_back_unlisted_and_a_lookup_reads_only_its_name() {
     assert!(matches!(v.stat("/big/f5"), Err(FsError::NotFound(_))));
     assert_eq!(v.stat("/big/f6").unwrap().ino, f5);
     assert_eq!(v.stat("/big/new").unwrap().kind, InodeKind::File);
+    // A page of readdir reads its own groups, a few leaves, not the directory's
+    // hundreds (the listing a count needs); the next resumes after it.
+    let big = v.stat("/big").unwrap().ino;
+    let before = v.inode_cache_stats();
+    let page = v.readdir_page(big, 0, 512).unwrap();
+    let after = v.inode_cache_stats();
+    assert_eq!(page.len(), 512);
+    let groups = after.dirent_groups_read_back - before.dirent_groups_read_back;
+    assert!(
+        (505..=512).contains(&groups),
+        "{groups} groups read for a page"
+    );
+    let nodes = after.node_cache_misses - before.node_cache_misses;
+    assert!(nodes < 40, "{nodes} tree nodes read for a page of 512");
+    let page2 = v.readdir_page(big, page[511].cookie, 512).unwrap();
+    assert!(page2[0].cookie > page[511].cookie && page2.len() == 512);
     // Durable now, then dropped: the unlinked name must not come back from the tree.
     v.checkpoint().unwrap();
     v.create("/churn").unwrap().close().unwrap();

@@ -107,8 +107,7 @@ impl InodeSource for DurableTree {
                     out.entries.extend(l.entries);
                     out.groups.extend(l.groups);
                 } else {
-                    let (from, to) = (m.cold.from, m.cold.to);
-                    let e = metatree::load_dirents(&t, store, self.fs_id, m.dir, from, to)
+                    let e = metatree::load_dirents(&t, store, self.fs_id, m.dir, m.cold)
                         .map_err(err)?;
                     out.entries.extend(e);
                 }

@@ -28,13 +28,17 @@
 //! known absent is read back alone (`Cold` of that one hash: O(log n) in the tree),
 //! and what the read found stays (`install_read`); a removal that empties a group
 //! leaves it known absent until the removal is durable, since the tree's durable root
-//! still holds the name until then. What needs every entry (a count, a walk, a page of
-//! readdir) asks for the whole range, and that read lists the directory.
+//! still holds the name until then. A page of readdir reads its own groups, at most
+//! as many as it returns, from its cookie on (`Cold::max_groups`), and the range that
+//! read covers is known whole until the next shrink (a lookup in it needs no read).
+//! What needs every entry (a count, a walk) asks for the whole range, and that read
+//! lists the directory: counts, not names.
 
 use super::format::InodeKind;
 use super::inodes::{DirentRead, GroupRead};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BTreeMap;
+use std::num::NonZeroU32;
 use std::ops::Bound;
 
 pub use super::metatree::name_hash;
@@ -154,6 +158,37 @@ struct Unlisted {
     /// generation for a group it emptied (the durable root holds the names until that
     /// generation is durable).
     absent: FxHashMap<u64, u64>,
+    /// Hash ranges (inclusive) read whole since the last shrink: each group in them is
+    /// resident or known absent, so a page of readdir inside one needs no read. The
+    /// most recent last.
+    known: Vec<(u64, u64)>,
+}
+
+impl Unlisted {
+    /// The end of the range known whole that holds `h`, if any.
+    fn known_through(&self, h: u64) -> Option<u64> {
+        self.known
+            .iter()
+            .find(|&&(from, to)| (from..=to).contains(&h))
+            .map(|&(_, to)| to)
+    }
+
+    /// `from..=to` was read whole: it joins the ranges it touches or overlaps.
+    fn know(&mut self, mut from: u64, mut to: u64) {
+        debug_assert!(from <= to, "an empty range known");
+        self.known.retain(|&(f, t)| {
+            let apart = t.checked_add(1).is_some_and(|after| after < from)
+                || to.checked_add(1).is_some_and(|after| after < f);
+            if !apart {
+                (from, to) = (from.min(f), to.max(t));
+            }
+            apart
+        });
+        self.known.push((from, to));
+        if self.known.len() > KNOWN_MAX {
+            self.known.remove(0);
+        }
+    }
 }
 
 /// The hashes of a directory's cold groups: a sorted array (8 bytes a group, and a
@@ -276,19 +311,33 @@ impl ColdSet {
 }
 
 /// Hashes from `from` to `to` (inclusive) hold cold groups: read them back
-/// (`InodeSource::read_dirents`) and run again.
+/// (`InodeSource::read_dirents`) and run again. With `max_groups`, only the first
+/// that many groups of the range are asked for (a page of an unlisted directory's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Cold {
     pub from: u64,
     pub to: u64,
+    pub max_groups: Option<NonZeroU32>,
+}
+
+impl Cold {
+    /// Every group in `from..=to`.
+    pub const fn range(from: u64, to: u64) -> Cold {
+        Cold {
+            from,
+            to,
+            max_groups: None,
+        }
+    }
 }
 
 /// Every hash a directory's names may have: what a caller that needs every entry of
 /// an unlisted directory asks to read back.
-pub const ALL: Cold = Cold {
-    from: FIRST_COOKIE,
-    to: u64::MAX,
-};
+pub const ALL: Cold = Cold::range(FIRST_COOKIE, u64::MAX);
+
+/// Ranges of hashes an unlisted directory knows whole (`Unlisted::known`), at most:
+/// as many readdir walks in progress at once as keep their pages from reading again.
+const KNOWN_MAX: usize = 8;
 
 impl Dir {
     pub fn new() -> Dir {
@@ -359,14 +408,18 @@ impl Dir {
     }
 
     /// Err if the group of hash `h` is cold, or may be (an unlisted directory's hash
-    /// neither resident nor known absent).
+    /// neither resident nor known absent, alone or in a range read whole).
     fn check_resident(&self, h: u64) -> Result<(), Cold> {
         let Some(p) = &self.partial else {
             return Ok(());
         };
-        let unknown = |u: &Unlisted| !u.absent.contains_key(&h) && !self.by_hash.contains_key(&h);
+        let unknown = |u: &Unlisted| {
+            !u.absent.contains_key(&h)
+                && !self.by_hash.contains_key(&h)
+                && u.known_through(h).is_none()
+        };
         if p.cold.contains(h) || p.unlisted.as_deref().is_some_and(unknown) {
-            return Err(Cold { from: h, to: h });
+            return Err(Cold::range(h, h));
         }
         Ok(())
     }
@@ -550,10 +603,10 @@ impl Dir {
     pub fn all_resident(&self) -> Result<(), Cold> {
         self.listed()?;
         match self.partial.as_deref() {
-            Some(p) if !p.cold.is_empty() => Err(Cold {
-                from: p.cold.first().expect("not empty"),
-                to: p.cold.last().expect("not empty"),
-            }),
+            Some(p) if !p.cold.is_empty() => Err(Cold::range(
+                p.cold.first().expect("not empty"),
+                p.cold.last().expect("not empty"),
+            )),
             _ => Ok(()),
         }
     }
@@ -652,8 +705,24 @@ impl Dir {
         }
         debug_assert!(counted.is_empty(), "a range asked for, answered by counts");
         let mut installed = 0;
+        let mut groups = 0;
         for group in found.chunk_by(|a, b| a.hash == b.hash) {
             installed += usize::from(self.install_group(group[0].hash, group));
+            groups += 1;
+        }
+        // A capped read that found its most groups covers the range up to its last
+        // group's hash only; the rest is unknown still.
+        let mut asked = asked;
+        if let (Some(cap), Some(last)) = (asked.max_groups, found.last()) {
+            debug_assert!(groups <= cap.get() as usize, "more groups than asked for");
+            if groups >= cap.get() as usize {
+                asked.to = last.hash;
+            }
+        }
+        if asked.max_groups.is_some() {
+            if let Some(u) = self.unlisted_mut() {
+                u.know(asked.from, asked.to);
+            }
         }
         if asked.from == asked.to && found.is_empty() {
             let h = asked.from;
@@ -708,6 +777,8 @@ impl Dir {
             // for its hash alone), and what was known absent is forgotten once the
             // tree's durable root says so too.
             u.absent.retain(|_, gen| *gen > durable_gen);
+            // A group dropped leaves the ranges read whole: a page reads them again.
+            u.known.clear();
             let mut moved = 0;
             self.by_hash.retain(|_, slot| {
                 let keep = slot.gen > durable_gen
@@ -799,7 +870,9 @@ impl Dir {
         max: usize,
         kind_of: impl Fn(u64) -> InodeKind,
     ) -> Result<Vec<DirPageEntry>, Cold> {
-        self.listed()?;
+        if let Some(u) = self.unlisted_part() {
+            return self.unlisted_page(u, cookie, max, kind_of);
+        }
         if let Some(p) = self.partial.as_deref().filter(|p| !p.cold.is_empty()) {
             // The page's groups are its first `max` hashes, resident or cold (a group
             // holds at least one name); the cold ones among them come back first.
@@ -820,10 +893,7 @@ impl Dir {
                 };
                 if next_cold {
                     let c = cold.next().expect("peeked");
-                    range = Some(Cold {
-                        from: range.map_or(c, |r| r.from),
-                        to: c,
-                    });
+                    range = Some(Cold::range(range.map_or(c, |r| r.from), c));
                 } else {
                     res.next();
                 }
@@ -832,18 +902,56 @@ impl Dir {
                 return Err(r);
             }
         }
-        Ok(self.resident_page(cookie, max, kind_of))
+        Ok(self.resident_page(cookie, max, u64::MAX, kind_of))
     }
 
+    /// A page of an unlisted directory, without listing it: the page's groups are the
+    /// first `max` after `cookie` of a range known whole, which a read of at most `max`
+    /// groups from where the known range ends extends (a walk of a million-entry
+    /// directory reads as it goes, where listing it first read every entry before the
+    /// first page).
+    fn unlisted_page(
+        &self,
+        u: &Unlisted,
+        cookie: u64,
+        max: usize,
+        kind_of: impl Fn(u64) -> InodeKind,
+    ) -> Result<Vec<DirPageEntry>, Cold> {
+        let Some(from) = cookie.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let max = max.max(1);
+        let cap = |n: usize| NonZeroU32::new(u32::try_from(n).unwrap_or(u32::MAX));
+        let Some(through) = u.known_through(from) else {
+            return Err(Cold {
+                from,
+                to: u64::MAX,
+                max_groups: cap(max),
+            });
+        };
+        let groups = self.by_hash.range(from..=through).take(max).count();
+        if groups < max && through < u64::MAX {
+            return Err(Cold {
+                from: through + 1,
+                to: u64::MAX,
+                max_groups: cap(max - groups),
+            });
+        }
+        Ok(self.resident_page(cookie, max, through, kind_of))
+    }
+
+    /// Up to `max` resident entries after `cookie` (finishing a group), none past the
+    /// hash `through`.
     fn resident_page(
         &self,
         cookie: u64,
         max: usize,
+        through: u64,
         kind_of: impl Fn(u64) -> InodeKind,
     ) -> Vec<DirPageEntry> {
         let mut out: Vec<DirPageEntry> = Vec::new();
         for (c, name, ino, kind) in self.iter_after(cookie) {
-            if out.len() >= max && out.last().is_none_or(|l| l.cookie != c) {
+            if c > through || (out.len() >= max && out.last().is_none_or(|l| l.cookie != c)) {
                 break;
             }
             out.push(DirPageEntry {
@@ -1037,7 +1145,7 @@ mod tests {
             kind,
         };
         let (ha, hb) = (name_hash(7, b"a"), name_hash(7, b"b"));
-        let one = |h| Cold { from: h, to: h };
+        let one = |h| Cold::range(h, h);
         let mut d = Dir::unlisted();
         assert_eq!(d.lookup_at(ha, b"a"), Err(one(ha)));
         assert_eq!(d.install_read(one(ha), &[entry(b"a", 5, kind)], &[]), Ok(1));
@@ -1096,7 +1204,8 @@ mod tests {
             Close,
             /// The last closed generation is durable; a shrink follows.
             Durable,
-            Page(u64, usize),
+            /// A page of at most so many entries after a cookie: 0, a name's hash, or any.
+            Page(PageAfter, usize),
             /// The directory leaves memory, if every change to it is durable, and is
             /// read back unlisted.
             Forget,
@@ -1109,8 +1218,23 @@ mod tests {
                 2 => any::<u8>().prop_map(Op::Lookup),
                 1 => Just(Op::Close),
                 1 => Just(Op::Durable),
-                1 => (any::<u64>(), 1..20usize).prop_map(|(c, m)| Op::Page(c, m)),
+                1 => (page_after(), 1..20usize).prop_map(|(c, m)| Op::Page(c, m)),
                 1 => Just(Op::Forget),
+            ]
+        }
+
+        #[derive(Clone, Copy, Debug)]
+        enum PageAfter {
+            Start,
+            Name(u8),
+            Cookie(u64),
+        }
+
+        fn page_after() -> impl Strategy<Value = PageAfter> {
+            prop_oneof![
+                Just(PageAfter::Start),
+                any::<u8>().prop_map(PageAfter::Name),
+                any::<u64>().prop_map(PageAfter::Cookie),
             ]
         }
 
@@ -1155,6 +1279,13 @@ mod tests {
                     .filter(|e| (c.from..=c.to).contains(&e.hash))
                     .collect();
                 found.sort_by(|a, b| (a.hash, &a.name).cmp(&(b.hash, &b.name)));
+                if let Some(cap) = c.max_groups {
+                    let keep: usize = (found.chunk_by(|a, b| a.hash == b.hash))
+                        .take(cap.get() as usize)
+                        .map(|g| g.len())
+                        .sum();
+                    found.truncate(keep);
+                }
                 // A listing counts its groups, every kind being recorded here.
                 let mut counted = Vec::new();
                 if c == ALL {
@@ -1226,11 +1357,15 @@ mod tests {
                             let hs = hash(&nm, buckets);
                             let gen = h.gen;
                             let reads = h.reads;
-                            let cold_before = h.d.cold_in(Cold { from: hs, to: hs }).is_some();
+                            let cold_before = h.d.cold_in(Cold::range(hs, hs)).is_some();
+                            let known = h.d.unlisted_part().is_some_and(|u| u.known_through(hs).is_some());
                             let fresh = h.run(|d| d.insert_new_at(hs, &nm, i, Some(kind(i)), Some(gen)));
                             prop_assert_eq!(fresh, !h.model.contains_key(&nm));
                             if !unlisted {
                                 prop_assert_eq!(h.reads > reads, cold_before, "read only for a cold group");
+                            }
+                            if known {
+                                prop_assert_eq!(h.reads, reads, "a hash in a range read whole");
                             }
                             if fresh {
                                 h.model.insert(nm, i);
@@ -1277,7 +1412,12 @@ mod tests {
                                 h.d = Dir::unlisted();
                             }
                         }
-                        Op::Page(cookie, max) => {
+                        Op::Page(after, max) => {
+                            let cookie = match after {
+                                PageAfter::Start => 0,
+                                PageAfter::Name(n) => hash(&name(n), buckets),
+                                PageAfter::Cookie(c) => c,
+                            };
                             let page = h.run(|d| d.page(cookie, max, |_| unreachable!()));
                             let mut want: Vec<(u64, Vec<u8>, u64)> = h.model
                                 .iter()
@@ -1295,6 +1435,11 @@ mod tests {
                         // One name's operation reads back its own hash, nothing else:
                         // O(log n) in the tree, however large the directory.
                         prop_assert!(h.asked.iter().all(|c| c.from == c.to), "{:?}", h.asked);
+                    }
+                    if unlisted && page {
+                        // A page reads its own groups, at most, and lists nothing.
+                        prop_assert!(h.asked.iter().all(|c| c.max_groups.is_some()), "{:?}", h.asked);
+                        prop_assert!(h.d.listed().is_err());
                     }
                     if h.d.listed().is_ok() {
                         prop_assert_eq!(h.d.len(), h.model.len());

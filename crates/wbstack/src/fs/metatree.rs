@@ -381,13 +381,7 @@ impl Captured {
         for (_, name) in of_inode(&ch.dirents, &mut at.dirents, ino, |d| d.0) {
             let hash = name_hash(seed, name);
             debug_assert!(
-                i.is_none_or(|d| d
-                    .entries
-                    .cold_in(Cold {
-                        from: hash,
-                        to: hash
-                    })
-                    .is_none()),
+                i.is_none_or(|d| d.entries.cold_in(Cold::range(hash, hash)).is_none()),
                 "a changed entry of directory {ino} in a cold group"
             );
             let value = i
@@ -939,19 +933,6 @@ impl Parts {
         Ok(!stopped)
     }
 
-    /// The keys from `from` up to `to` (excluded; none: the end).
-    fn scan_from(
-        tree: &Tree,
-        store: &dyn NodeStore,
-        seed: u64,
-        from: &[u8],
-        to: Option<&[u8]>,
-        cold: bool,
-    ) -> Result<Parts, LoadError> {
-        let to = to.map_or(Bound::Unbounded, Bound::Excluded);
-        Parts::scan(tree, store, seed, Bound::Included(from), to, cold)
-    }
-
     /// The keys of the key spaces (first bytes) `spaces`.
     fn scan_spaces(
         tree: &Tree,
@@ -1236,22 +1217,13 @@ pub fn load_inode(
     )?;
     // Its entries, listed up to `LISTED_MAX` groups; past that the directory comes
     // back unlisted (`Dir::unlisted`), its entries read back by hash as they are met.
-    let (mut groups, mut last) = (0usize, None);
     let listed = p.scan_more(
         tree,
         store,
         seed,
         Bound::Included(&dirents),
         Bound::Excluded(&xattrs),
-        |k| {
-            // A dirent key: the inode's 10-byte prefix, then the name's hash.
-            let h = k.get(10..).and_then(be64);
-            if h != last {
-                groups += 1;
-                last = h;
-            }
-            groups <= LISTED_MAX
-        },
+        groups_up_to(LISTED_MAX),
     )?;
     if !listed {
         let d = (p.inodes.get_mut(&ino))
@@ -1264,6 +1236,21 @@ pub fn load_inode(
     p.scan_more(tree, store, seed, Bound::Included(&xattrs), to, all)?;
     let mut inodes = p.into_inodes()?;
     Ok(inodes.remove(&ino).map(|b| *b))
+}
+
+/// For `Parts::scan_more` over one directory's entries: true for the keys of its
+/// first `cap` groups of names sharing a hash.
+fn groups_up_to(cap: usize) -> impl FnMut(&[u8]) -> bool {
+    let (mut groups, mut last) = (0usize, None);
+    move |k| {
+        // A dirent key: the inode's 10-byte prefix, then the name's hash.
+        let h = k.get(10..).and_then(be64);
+        if h != last {
+            groups += 1;
+            last = h;
+        }
+        groups <= cap
+    }
 }
 
 /// The most groups of entries a directory read back (`load_inode`) is listed with: a
@@ -1285,23 +1272,33 @@ pub fn load_files(
         .collect())
 }
 
-/// The entries of directory `dir` whose hashes are in `from..=to`, in key order (a
-/// lazy volume's cold groups: `fs::dir`).
+/// The entries of directory `dir` whose hashes are in `asked` (`from..=to`, the first
+/// `max_groups` groups of it if set), in key order (a lazy volume's cold groups:
+/// `fs::dir`).
 pub fn load_dirents(
     tree: &Tree,
     store: &dyn NodeStore,
     seed: u64,
     dir: u64,
-    from: u64,
-    to: u64,
+    asked: Cold,
 ) -> Result<Vec<DirentRead>, LoadError> {
-    let lo = dirent_key_hashed(dir, from, &[]);
-    let hi = match to.checked_add(1) {
+    let lo = dirent_key_hashed(dir, asked.from, &[]);
+    let hi = match asked.to.checked_add(1) {
         Some(next) => dirent_key_hashed(dir, next, &[]),
         None => inode_prefix(dir, DIRENT + 1),
     };
-    let parts = Parts::scan_from(tree, store, seed, &lo, Some(&hi), false)?;
-    Ok(dirents_read(parts.entries))
+    let mut p = Parts::default();
+    let cap = asked.max_groups.map_or(usize::MAX, |n| n.get() as usize);
+    let to = Bound::Excluded(&hi[..]);
+    p.scan_more(
+        tree,
+        store,
+        seed,
+        Bound::Included(&lo),
+        to,
+        groups_up_to(cap),
+    )?;
+    Ok(dirents_read(p.entries))
 }
 
 fn dirents_read(entries: Vec<(u64, u64, Vec<u8>, Named)>) -> Vec<DirentRead> {
