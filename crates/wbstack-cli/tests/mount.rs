@@ -1132,6 +1132,17 @@ fn a_two_minute_soak_through_the_mount_is_clean() {
 /// inodes being evicted and rebuilt under the load (issue 16).
 #[test]
 fn a_library_soak_is_clean() {
+    library_soak("cache_size=4M,inode_cache=8");
+}
+
+/// The same with every directory read back unlisted (`dir_listed_max=0`): creates,
+/// renames and deletes from 16 threads each read back their own names' groups.
+#[test]
+fn a_library_soak_on_unlisted_directories_is_clean() {
+    library_soak("cache_size=4M,inode_cache=8,dir_listed_max=0");
+}
+
+fn library_soak(options: &str) {
     let out = run(Command::new(bin()).args([
         "soak",
         "sim:ssd,size=2G",
@@ -1142,7 +1153,7 @@ fn a_library_soak_is_clean() {
         "--stall",
         "10s",
         "-o",
-        "cache_size=4M,inode_cache=8",
+        options,
         "--json",
     ]));
     let text = String::from_utf8_lossy(&out.stdout);

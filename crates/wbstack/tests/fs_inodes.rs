@@ -744,3 +744,79 @@ fn a_large_directory_comes_back_unlisted_and_a_lookup_reads_only_its_name() {
     v.rmdir("/big").unwrap();
     check_unmount_fsck(v);
 }
+
+/// A walk of an unlisted directory (`dir_listed_max=0`: every directory comes back
+/// without its list of names) page by page, as the FUSE mount walks, with names of
+/// its own created and removed between the pages and checkpoints between them (each
+/// lets clean groups leave memory, and with them the ranges a page knew whole): every
+/// entry present throughout is returned exactly once, no stranger appears, each page
+/// reads at most its own groups, and the volume checks clean.
+#[test]
+fn an_unlisted_directory_walked_under_changes_returns_each_lasting_entry_once() {
+    let q = mkfs5("sim:ssd,size=256M");
+    let v = mount_with_cache(&q, 0);
+    let n = 3000usize;
+    v.mkdir("/d", 0o755).unwrap();
+    for i in 0..n {
+        v.create(&format!("/d/f{i}")).unwrap().close().unwrap();
+    }
+    v.unmount().unwrap();
+
+    let mut o: MountOptions = quiet();
+    o.inode_cache = 0;
+    o.dir_listed_max = 0;
+    let v = Volume::mount(q.clone(), o).unwrap();
+    assert_eq!(v.tunable("dir_listed_max").unwrap(), "0");
+    assert!(v.set_tunable("dir_listed_max", "some").is_err());
+    v.set_tunable("dir_listed_max", "4096").unwrap();
+    assert_eq!(v.tunable("dir_listed_max").unwrap(), "4096");
+    v.set_tunable("dir_listed_max", "0").unwrap();
+    let d = v.stat("/d").unwrap().ino;
+    let mut seen = vec![false; n];
+    let (mut pages, mut churned, mut most_read) = (0u64, 0u64, 0u64);
+    let mut cookie = 0;
+    loop {
+        let before = v.inode_cache_stats().dirent_groups_read_back;
+        let p = v.readdir_page(d, cookie, 64).unwrap();
+        let read = v.inode_cache_stats().dirent_groups_read_back - before;
+        most_read = most_read.max(read);
+        let Some(last) = p.last() else { break };
+        assert!(last.cookie > cookie, "a page that does not move on");
+        cookie = last.cookie;
+        pages += 1;
+        for e in &p {
+            if let Some(i) = e.name.strip_prefix(b"f") {
+                let i: usize = std::str::from_utf8(i).unwrap().parse().unwrap();
+                assert!(!seen[i], "f{i} returned twice");
+                seen[i] = true;
+            } else {
+                assert!(e.name.starts_with(b"churn-"), "a stranger: {:?}", e.name);
+            }
+        }
+        // Names of its own come and go between the pages, and every third page a
+        // checkpoint makes the walk's groups clean, so they may leave memory.
+        for _ in 0..8 {
+            let p = format!("/d/churn-{}", churned % 32);
+            if churned % 64 < 32 {
+                v.create(&p).unwrap().close().unwrap();
+            } else {
+                v.unlink(&p).unwrap();
+            }
+            churned += 1;
+        }
+        if pages % 3 == 0 {
+            v.checkpoint().unwrap();
+            // A lookup and a create after a shrink: their names' groups are read back
+            // alone, whatever the ranges pages read before.
+            assert_eq!(
+                v.stat(&format!("/d/f{}", pages % 7)).unwrap().kind,
+                InodeKind::File
+            );
+        }
+    }
+    let missed: Vec<usize> = (0..n).filter(|&i| !seen[i]).collect();
+    assert!(missed.is_empty(), "never returned: {missed:?}");
+    assert!(pages >= (n / 64) as u64, "{pages} pages");
+    assert!(most_read <= 64 + 1, "a page read {most_read} groups back");
+    check_unmount_fsck(v);
+}

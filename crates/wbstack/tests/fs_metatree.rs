@@ -321,7 +321,7 @@ fn a_directory_read_back_lazily_keeps_its_groups_cold_with_their_counts() {
     let changes = metatree::all_changes(&mut meta);
     metatree::apply(&mut tree, &store, &metatree::ops(&meta, changes)).unwrap();
 
-    let d = metatree::load_inode(&tree, &store, SEED, 2)
+    let d = metatree::load_inode(&tree, &store, SEED, 2, metatree::LISTED_MAX)
         .unwrap()
         .unwrap();
     assert_eq!(d.entries.len(), 4);
@@ -344,7 +344,7 @@ fn a_directory_read_back_lazily_keeps_its_groups_cold_with_their_counts() {
     // "b" without its kind, as format 4 wrote entries: its group stays resident.
     let ops = [TreeOp::Put(key(2, b"b"), 5u64.to_le_bytes().to_vec())];
     metatree::apply(&mut tree, &store, &ops).unwrap();
-    let d = metatree::load_inode(&tree, &store, SEED, 2)
+    let d = metatree::load_inode(&tree, &store, SEED, 2, metatree::LISTED_MAX)
         .unwrap()
         .unwrap();
     assert_eq!((d.entries.len(), d.entries.resident_len()), (4, 1));
@@ -374,7 +374,7 @@ fn a_directory_read_back_lazily_keeps_its_groups_cold_with_their_counts() {
         [3u64.to_le_bytes().as_slice(), &[1]].concat(),
     )];
     metatree::apply(&mut tree, &store, &ops).unwrap();
-    let e = metatree::load_inode(&tree, &store, SEED, 9).unwrap_err();
+    let e = metatree::load_inode(&tree, &store, SEED, 9, metatree::LISTED_MAX).unwrap_err();
     assert!(
         e.to_string().contains("inode 9, which does not exist"),
         "{e}"

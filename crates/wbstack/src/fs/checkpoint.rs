@@ -28,6 +28,7 @@ use super::meta::Meta;
 use super::metatree::{self, Captured, RootRecord, SpaceRecord};
 use crate::block::RequestQueue;
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Node size of the metadata tree: one block.
@@ -58,6 +59,9 @@ pub(super) struct DurableTree {
     store: Arc<DeviceStore>,
     /// The root, and the inode cache's durable generation it holds.
     root: Mutex<(Option<Root>, u64)>,
+    /// Directories of more groups of names come back unlisted (`metatree::load_inode`;
+    /// the `dir_listed_max` knob).
+    listed_max: Arc<AtomicUsize>,
 }
 
 impl DurableTree {
@@ -86,7 +90,8 @@ impl InodeSource for DurableTree {
             let mut out = Vec::with_capacity(inos.len());
             for &ino in inos {
                 // Names are hashed with the fs_id as seed (`Meta::name_seed`).
-                let i = metatree::load_inode(&t, &*self.store, self.fs_id, ino)
+                let listed_max = self.listed_max.load(Ordering::Relaxed);
+                let i = metatree::load_inode(&t, &*self.store, self.fs_id, ino, listed_max)
                     .map_err(|e| read_back_err(&format!("reading inode {ino} back"), e))?;
                 out.extend(i.map(|i| (ino, i)));
             }
@@ -177,6 +182,7 @@ impl MetaTree {
                 // Generation 0: what the inode cache counts as durable before its first
                 // checkpoint.
                 root: Mutex::new((root, 0)),
+                listed_max: Arc::new(AtomicUsize::new(metatree::LISTED_MAX)),
             }),
             store,
             cursor,
@@ -288,6 +294,11 @@ impl MetaTree {
     /// Where `meta`'s inode cache reads back what it dropped.
     pub fn source(&self) -> Arc<dyn InodeSource> {
         self.durable.clone()
+    }
+
+    /// The `dir_listed_max` knob, shared with the read backs.
+    pub fn listed_max(&self) -> Arc<AtomicUsize> {
+        self.durable.listed_max.clone()
     }
 
     /// The new root of `w` is durable, holding the changes of generation `gen`: the

@@ -1189,12 +1189,15 @@ pub fn load_lazy(
 
 /// One inode as the tree holds it (none: not there), with its extents, entries, target
 /// and attributes; a directory's parent and subdirectory count as format 5 records
-/// them (a format 4 tree is only ever read whole, which derives them).
+/// them (a format 4 tree is only ever read whole, which derives them). A directory of
+/// more than `listed_max` groups of names comes back unlisted (`LISTED_MAX` unless
+/// the `dir_listed_max` knob says otherwise).
 pub fn load_inode(
     tree: &Tree,
     store: &dyn NodeStore,
     seed: u64,
     ino: u64,
+    listed_max: usize,
 ) -> Result<Option<Inode>, LoadError> {
     let key = |sub: u8| inode_prefix(ino, sub);
     let end = ino
@@ -1215,7 +1218,7 @@ pub fn load_inode(
         Bound::Excluded(&dirents),
         all,
     )?;
-    // Its entries, listed up to `LISTED_MAX` groups; past that the directory comes
+    // Its entries, listed up to `listed_max` groups; past that the directory comes
     // back unlisted (`Dir::unlisted`), its entries read back by hash as they are met.
     let listed = p.scan_more(
         tree,
@@ -1223,7 +1226,7 @@ pub fn load_inode(
         seed,
         Bound::Included(&dirents),
         Bound::Excluded(&xattrs),
-        groups_up_to(LISTED_MAX),
+        groups_up_to(listed_max),
     )?;
     if !listed {
         let d = (p.inodes.get_mut(&ino))
@@ -1253,7 +1256,7 @@ fn groups_up_to(cap: usize) -> impl FnMut(&[u8]) -> bool {
     }
 }
 
-/// The most groups of entries a directory read back (`load_inode`) is listed with: a
+/// The default most groups of entries a directory read back (`load_inode`) is listed with: a
 /// larger one comes back unlisted, since listing it reads every entry (about 20 a
 /// node: 4,096 groups are some 200 nodes, a few milliseconds).
 pub const LISTED_MAX: usize = 4096;

@@ -120,6 +120,7 @@ impl Volume {
         let cache = PageCache::new(opts.cache.clone());
         let inode_cache = opts.inode_cache;
         let node_cache = opts.node_cache;
+        let dir_listed_max = opts.dir_listed_max;
         let bdi = Bdi::new(q.clone(), cache.clone(), opts.wb.clone());
         let aops = Arc::new(Aops {
             vol: std::sync::OnceLock::new(),
@@ -186,6 +187,11 @@ impl Volume {
             nodes: l.tree.as_ref().map(|t| {
                 t.store.set_cache_limit(node_cache);
                 t.store.clone()
+            }),
+            dir_listed_max: l.tree.as_ref().map(|t| {
+                let m = t.listed_max();
+                m.store(dir_listed_max, std::sync::atomic::Ordering::Relaxed);
+                m
             }),
             tree: Mutex::new(l.tree),
             jn: Mutex::new(JState {

@@ -29,6 +29,7 @@ pub const TUNABLES: &[&str] = &[
     "iostats",
     "inode_cache",
     "node_cache",
+    "dir_listed_max",
 ];
 
 fn flag(b: bool) -> String {
@@ -65,6 +66,9 @@ impl Volume {
             // Format 3 keeps no tree, and so no node cache.
             "node_cache" => (self.vol.nodes.as_ref())
                 .map_or(0, |s| s.cache_limit())
+                .to_string(),
+            "dir_listed_max" => (self.vol.dir_listed_max.as_ref())
+                .map_or(0, |m| m.load(Ordering::Relaxed))
                 .to_string(),
             _ => return Err(unknown(key)),
         })
@@ -119,6 +123,15 @@ impl Volume {
                 None => {
                     return Err(FsError::Invalid(
                         "node_cache: a format 3 volume keeps no metadata tree".into(),
+                    ))
+                }
+            },
+            // Directories read back from now on; those in memory stay as they are.
+            "dir_listed_max" => match &self.vol.dir_listed_max {
+                Some(m) => m.store(o.dir_listed_max, Ordering::Relaxed),
+                None => {
+                    return Err(FsError::Invalid(
+                        "dir_listed_max: a format 3 volume keeps no metadata tree".into(),
                     ))
                 }
             },

@@ -102,6 +102,10 @@ pub struct MountOptions {
     /// The format a tool's fresh volume is made with (`MkfsOptions::format`: 3, or 4
     /// for the metadata tree); a mount of an existing image ignores it.
     pub format: Option<u32>,
+    /// A directory of more groups of names (names sharing a hash: almost always one)
+    /// than this is read back from the tree unlisted (`fs::dir`): a lookup reads its
+    /// own name's group, where a listed one reads every hash first. 0: every one.
+    pub dir_listed_max: usize,
 }
 
 impl Default for MountOptions {
@@ -122,6 +126,7 @@ impl Default for MountOptions {
             inode_cache: super::icache::DEFAULT_INODE_CACHE,
             node_cache: super::checkpoint::NODE_CACHE_BYTES,
             format: None,
+            dir_listed_max: super::metatree::LISTED_MAX,
         }
     }
 }
@@ -133,7 +138,7 @@ impl MountOptions {
         dirty_expire_centisecs, dirty_writeback_centisecs, commit, min_batch_time, \
         max_batch_time, read_ahead_kb, flush_on_close, wbt_lat_usec, \
         wbt_scale_up_when_limited, wbt_judge, journal_data_kb, commit_flush, logbufs, \
-        inode_cache, node_cache, format";
+        inode_cache, node_cache, dir_listed_max, format";
 
     /// Set one option by its name (the kernel's sysctl, mount-option or sysfs name);
     /// `commit` is in seconds, batch times in µs, sizes take k/M/G suffixes.
@@ -233,6 +238,9 @@ impl MountOptions {
             }
             "node_cache" => {
                 self.node_cache = usize::try_from(size()?).map_err(|e| bad(e.to_string()))?
+            }
+            "dir_listed_max" => {
+                self.dir_listed_max = usize::try_from(num()?).map_err(|e| bad(e.to_string()))?
             }
             _ => {
                 return Err(FsError::Invalid(format!(
@@ -1107,6 +1115,8 @@ pub(super) struct Vol {
     /// The tree's node cache (its store), for its stats and its limit without the
     /// tree's lock, which a checkpoint holds for its whole write.
     pub nodes: Option<Arc<super::btree::store::DeviceStore>>,
+    /// The tree's `dir_listed_max` (`DurableTree`), without the tree's lock.
+    pub dir_listed_max: Option<Arc<std::sync::atomic::AtomicUsize>>,
     pub jn: Mutex<JState>,
     /// Waiters on the journal's state other than fsync's (releases, checkpoints).
     pub jcv: Condvar,
