@@ -36,7 +36,7 @@
 
 use super::format::InodeKind;
 use super::inodes::{DirentRead, GroupRead};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::ops::Bound;
@@ -157,7 +157,8 @@ struct Unlisted {
     /// it: 0 for one read back and found empty (the tree says so), a removal's
     /// generation for a group it emptied (the durable root holds the names until that
     /// generation is durable).
-    absent: FxHashMap<u64, u64>,
+    /// Ordered, so that a page can count those in a range (`Dir::unlisted_page`).
+    absent: BTreeMap<u64, u64>,
     /// Hash ranges (inclusive) read whole since the last shrink: each group in them is
     /// resident or known absent, so a page of readdir inside one needs no read. The
     /// most recent last.
@@ -931,10 +932,15 @@ impl Dir {
         };
         let groups = self.by_hash.range(from..=through).take(max).count();
         if groups < max && through < u64::MAX {
+            // The tree's groups read may be known absent (removals not durable yet:
+            // an `rm -rf` in progress leaves a run of them in hash order), which fill
+            // no page: the next read asks for twice as many as the range known holds,
+            // so a run of k takes O(log k) reads, not k / max.
+            let skipped = u.absent.range(from..=through).count();
             return Err(Cold {
                 from: through + 1,
                 to: u64::MAX,
-                max_groups: cap(max - groups),
+                max_groups: cap((max - groups).max(2 * skipped)),
             });
         }
         Ok(self.resident_page(cookie, max, through, kind_of))
@@ -1186,6 +1192,56 @@ mod tests {
             Ok(Some((6, kind))),
             "memory is newer"
         );
+    }
+
+    /// A page of an unlisted directory past a run of removals not durable yet (an
+    /// `rm -rf` in progress, in hash order) finds its next entry in O(log n) reads: a
+    /// read one page long at a time took one read per page of removed names, past
+    /// the operation's bound on reruns (`FAULT_RETRIES`) for a large directory.
+    #[test]
+    fn an_unlisted_page_past_a_run_of_removals_reads_o_log_n_times() {
+        let n = 10_000u64;
+        let kind = Some(InodeKind::File);
+        // The durable tree: one name per hash.
+        let tree: Vec<DirentRead> = (0..n)
+            .map(|i| DirentRead {
+                dir: 1,
+                hash: FIRST_COOKIE + 10 * i,
+                name: format!("f{i}").into_bytes(),
+                ino: 100 + i,
+                kind,
+            })
+            .collect();
+        let read = |c: Cold| -> Vec<DirentRead> {
+            let cap = c.max_groups.map_or(usize::MAX, |m| m.get() as usize);
+            (tree.iter())
+                .filter(|e| (c.from..=c.to).contains(&e.hash))
+                .take(cap)
+                .cloned()
+                .collect()
+        };
+        let mut d = Dir::unlisted();
+        // Every name but the last 10 removed, in hash order, none durable yet.
+        for e in &tree[..(n - 10) as usize] {
+            let asked = d.lookup_at(e.hash, &e.name).unwrap_err();
+            d.install_read(asked, &read(asked), &[]).unwrap();
+            assert_eq!(d.remove_at(e.hash, &e.name, Some(7)), Some(e.ino));
+        }
+        d.shrink(6);
+        let mut reads = 0;
+        let page = loop {
+            match d.page(0, 1, |_| unreachable!()) {
+                Ok(p) => break p,
+                Err(c) => {
+                    reads += 1;
+                    assert!(reads < 64, "{reads} reads and no page yet");
+                    d.install_read(c, &read(c), &[]).unwrap();
+                }
+            }
+        };
+        assert_eq!(page.len(), 1);
+        assert_eq!(page[0].name, format!("f{}", n - 10).into_bytes());
+        assert!(reads <= 20, "{reads} reads for {n} groups");
     }
 
     /// What a partial directory's caller does (`Meta::apply`, `Vol::faulting`): an
