@@ -33,11 +33,14 @@ impl wbstack::fs::inodes::InodeSource for NoSource {
 
     fn read_dirents(
         &self,
-        _asked: &[wbstack::fs::inodes::DirMiss],
+        asked: &[wbstack::fs::inodes::DirMiss],
     ) -> wbstack::fs::inodes::DirentsRead {
         wbstack::fs::inodes::DirentsRead {
             gen: 0,
-            found: Ok(Default::default()),
+            found: Ok(wbstack::fs::inodes::DirentsFound {
+                parts: vec![Default::default(); asked.len()],
+                ..Default::default()
+            }),
         }
     }
 }

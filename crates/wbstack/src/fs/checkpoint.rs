@@ -23,7 +23,7 @@ use super::btree::{Root, Tree, TreeError, TreeResult};
 use super::dir;
 use super::error::{FsError, FsResult};
 use super::format::Checkpoint;
-use super::inodes::{DirMiss, DirentsFound, DirentsRead, InodeSource, Read};
+use super::inodes::{AskPart, DirMiss, DirentsFound, DirentsRead, InodeSource, Read};
 use super::meta::Meta;
 use super::metatree::{self, Captured, RootRecord, SpaceRecord};
 use crate::block::RequestQueue;
@@ -111,9 +111,14 @@ impl InodeSource for DurableTree {
                     let l = metatree::load_listing(&t, store, self.fs_id, m.dir).map_err(err)?;
                     out.entries.extend(l.entries);
                     out.groups.extend(l.groups);
+                    out.parts.extend(l.parts);
                 } else {
                     let e = metatree::load_dirents(&t, store, self.fs_id, m.dir, m.cold)
                         .map_err(err)?;
+                    out.parts.push(AskPart {
+                        entries: e.len(),
+                        groups: 0,
+                    });
                     out.entries.extend(e);
                 }
             }

@@ -31,8 +31,9 @@
 //! still holds the name until then. A page of readdir reads its own groups, at most
 //! as many as it returns, from its cookie on (`Cold::max_groups`), and the range that
 //! read covers is known whole until the next shrink (a lookup in it needs no read).
-//! What needs every entry (a count, a walk) asks for the whole range, and that read
-//! lists the directory: counts, not names.
+//! rmdir's question, whether it has an entry, is a page of one. What needs every
+//! entry (a count, a walk) asks for the whole range, and that read lists the
+//! directory: counts, not names.
 
 use super::format::InodeKind;
 use super::inodes::{DirentRead, GroupRead};
@@ -382,6 +383,22 @@ impl Dir {
     pub fn is_empty(&self) -> bool {
         debug_assert!(self.listed().is_ok(), "the count of an unlisted directory");
         self.len == 0
+    }
+
+    /// Whether it holds any entry (rmdir, a rename over a directory, a Delete): a
+    /// listed directory's count; an unlisted one's resident groups, else its first
+    /// page of one entry, which reads O(log n) groups where a count read every key
+    /// (the last rmdir of an `rm -rf` of a large directory listed it first).
+    pub fn has_entries(&self) -> Result<bool, Cold> {
+        match self.unlisted_part() {
+            None => Ok(self.len != 0),
+            // A resident group holds a name (an emptied one leaves `by_hash`).
+            Some(_) if !self.by_hash.is_empty() => Ok(true),
+            Some(u) => {
+                let first = self.unlisted_page(u, 0, 1, |_| InodeKind::File)?;
+                Ok(!first.is_empty())
+            }
+        }
     }
 
     /// The inode `name` names, under the volume's hash seed `seed`; `Cold` if its
@@ -1265,6 +1282,8 @@ mod tests {
             /// The directory leaves memory, if every change to it is durable, and is
             /// read back unlisted.
             Forget,
+            /// Whether it holds any entry (rmdir's question).
+            HasEntries,
         }
 
         fn op() -> impl Strategy<Value = Op> {
@@ -1276,6 +1295,7 @@ mod tests {
                 1 => Just(Op::Durable),
                 1 => (page_after(), 1..20usize).prop_map(|(c, m)| Op::Page(c, m)),
                 1 => Just(Op::Forget),
+                1 => Just(Op::HasEntries),
             ]
         }
 
@@ -1405,7 +1425,7 @@ mod tests {
                 };
                 for o in ops {
                     let unlisted = h.d.listed().is_err();
-                    let page = matches!(o, Op::Page(..));
+                    let page = matches!(o, Op::Page(..) | Op::HasEntries);
                     h.asked.clear();
                     match o {
                         Op::Insert(n, i) => {
@@ -1467,6 +1487,10 @@ mod tests {
                                 prop_assert_eq!(&h.model, &h.durable);
                                 h.d = Dir::unlisted();
                             }
+                        }
+                        Op::HasEntries => {
+                            let any = h.run(|d| d.has_entries());
+                            prop_assert_eq!(any, !h.model.is_empty());
                         }
                         Op::Page(after, max) => {
                             let cookie = match after {

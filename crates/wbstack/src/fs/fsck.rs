@@ -46,7 +46,7 @@ pub fn fsck(q: &Arc<RequestQueue>) -> FsckReport {
         }
     };
     r.checked = true;
-    let mut l = match load_after_superblock(q, sb, warnings, false) {
+    let mut l = match load_after_superblock(q, sb, warnings, false, super::metatree::LISTED_MAX) {
         Ok(l) => l,
         Err(e) => {
             r.problems.push(format!("cannot load the filesystem: {e}"));

@@ -84,6 +84,17 @@ pub struct DirentsFound {
     pub entries: Vec<DirentRead>,
     /// Groups counted, of the asks that were listings.
     pub groups: Vec<GroupRead>,
+    /// How many of each are each ask's, one per ask in order: asks of one directory
+    /// may overlap (a listing covers every hash), so the hashes do not say whose an
+    /// entry is.
+    pub parts: Vec<AskPart>,
+}
+
+/// One ask's share of a `DirentsFound`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AskPart {
+    pub entries: usize,
+    pub groups: usize,
 }
 
 /// What `InodeSource::read_dirents` read, from the root of durable generation `gen`.
@@ -373,21 +384,29 @@ impl Inodes {
             self.shrink_dirs();
         }
         // `found` holds each ask's entries and groups in turn, in key order.
+        let whole = found.parts.len() == asked.len()
+            && found.parts.iter().map(|p| p.entries).sum::<usize>() == found.entries.len()
+            && found.parts.iter().map(|p| p.groups).sum::<usize>() == found.groups.len();
+        if !whole {
+            return Err(FsError::Corrupt(format!(
+                "a read back of directory entries answered {} asks of {}",
+                found.parts.len(),
+                asked.len()
+            )));
+        }
         let (mut at, mut at_groups) = (0, 0);
-        for m in asked {
+        for (m, p) in asked.iter().zip(&found.parts) {
+            let part = &found.entries[at..at + p.entries];
+            let counted = &found.groups[at_groups..at_groups + p.groups];
+            (at, at_groups) = (at + p.entries, at_groups + p.groups);
             let ours =
-                |dir: u64, hash: u64| dir == m.dir && (m.cold.from..=m.cold.to).contains(&hash);
-            let n = found.entries[at..]
-                .iter()
-                .take_while(|e| ours(e.dir, e.hash))
-                .count();
-            let g = found.groups[at_groups..]
-                .iter()
-                .take_while(|e| ours(e.dir, e.hash))
-                .count();
-            let part = &found.entries[at..at + n];
-            let counted = &found.groups[at_groups..at_groups + g];
-            (at, at_groups) = (at + n, at_groups + g);
+                |(dir, hash): (u64, u64)| dir == m.dir && (m.cold.from..=m.cold.to).contains(&hash);
+            debug_assert!(
+                (part.iter().map(|e| (e.dir, e.hash)))
+                    .chain(counted.iter().map(|g| (g.dir, g.hash)))
+                    .all(ours),
+                "entries read back outside their ask {m:?}"
+            );
             if let Some(d) = self.map.get_mut(&m.dir) {
                 let groups = d.entries.install_read(m.cold, part, counted).map_err(|h| {
                     FsError::Corrupt(format!(
@@ -399,10 +418,6 @@ impl Inodes {
                 self.dirent_faults += groups as u64;
             }
         }
-        debug_assert!(
-            at == found.entries.len() && at_groups == found.groups.len(),
-            "entries read back for no ask"
-        );
         Ok(true)
     }
 

@@ -109,10 +109,11 @@ fn space_disagrees(m: &Meta, space: &metatree::SpaceRecord) -> Vec<String> {
 
 /// Read the superblock (either copy), the newest valid checkpoint and replay the
 /// journal after it. `strict` (mount) fails on a record that does not apply; otherwise
-/// (fsck) the error is reported and replay stops there.
-pub fn load(q: &Arc<RequestQueue>, strict: bool) -> FsResult<Loaded> {
+/// (fsck) the error is reported and replay stops there. `dir_listed_max` is the
+/// mount's (`MountOptions`), for the directories replay reads back.
+pub fn load(q: &Arc<RequestQueue>, strict: bool, dir_listed_max: usize) -> FsResult<Loaded> {
     let (sb, warnings) = read_superblock(q)?;
-    load_after_superblock(q, sb, warnings, strict)
+    load_after_superblock(q, sb, warnings, strict, dir_listed_max)
 }
 
 /// The first valid superblock copy, and what was wrong with the others. An error here
@@ -152,6 +153,7 @@ pub fn load_after_superblock(
     sb: Superblock,
     mut warnings: Vec<String>,
     strict: bool,
+    dir_listed_max: usize,
 ) -> FsResult<Loaded> {
     let nr = device_blocks(q)?;
     if sb.nr_blocks > nr {
@@ -222,6 +224,7 @@ pub fn load_after_superblock(
         };
         let rec = metatree::decode_root(&ckpt.image).map_err(|e| corrupt(&e))?;
         let tree = MetaTree::open(q.clone(), sb.fs_id, data, rec.root).map_err(|e| corrupt(&e))?;
+        (tree.listed_max()).store(dir_listed_max, std::sync::atomic::Ordering::Relaxed);
         let mut meta = match &rec.space {
             // Mount of format 5: nothing read whole.
             Some(space) if strict => {

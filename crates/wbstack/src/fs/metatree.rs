@@ -23,7 +23,7 @@ use super::alloc::FreeSpace;
 use super::btree::{ChildPtr, NodeStore, Root, Tree, TreeError, TreeResult};
 use super::dir::Cold;
 use super::format::{InodeKind, XATTR_SIZE_MAX};
-use super::inodes::{DirentRead, DirentsFound, GroupRead};
+use super::inodes::{AskPart, DirentRead, DirentsFound, GroupRead};
 use super::meta::{valid_name, Changes, Inode, Meta, MetaError, ROOT_INO, TARGET_MAX};
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
@@ -1344,8 +1344,13 @@ pub fn load_listing(
         all,
     )?;
     let groups = p.cold.and_then(|c| c.listing).expect("set above");
+    let entries = dirents_read(p.entries);
     Ok(DirentsFound {
-        entries: dirents_read(p.entries),
+        parts: vec![AskPart {
+            entries: entries.len(),
+            groups: groups.len(),
+        }],
+        entries,
         groups,
     })
 }

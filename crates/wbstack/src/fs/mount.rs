@@ -35,7 +35,7 @@ impl Volume {
     /// Mount: load, replay, delete orphans, write a fresh checkpoint (so the journal
     /// starts empty), start the committer and the flusher.
     pub fn mount(q: Arc<RequestQueue>, opts: MountOptions) -> FsResult<Volume> {
-        let mut l = load(&q, true)?;
+        let mut l = load(&q, true, opts.dir_listed_max)?;
         // A volume whose inodes are read on demand is not read whole at mount: each
         // record is checked as it is decoded, the whole by fsck.
         let problems = if l.lazy { Vec::new() } else { l.meta.check() };
@@ -120,7 +120,6 @@ impl Volume {
         let cache = PageCache::new(opts.cache.clone());
         let inode_cache = opts.inode_cache;
         let node_cache = opts.node_cache;
-        let dir_listed_max = opts.dir_listed_max;
         let bdi = Bdi::new(q.clone(), cache.clone(), opts.wb.clone());
         let aops = Arc::new(Aops {
             vol: std::sync::OnceLock::new(),
@@ -188,11 +187,7 @@ impl Volume {
                 t.store.set_cache_limit(node_cache);
                 t.store.clone()
             }),
-            dir_listed_max: l.tree.as_ref().map(|t| {
-                let m = t.listed_max();
-                m.store(dir_listed_max, std::sync::atomic::Ordering::Relaxed);
-                m
-            }),
+            dir_listed_max: l.tree.as_ref().map(|t| t.listed_max()),
             tree: Mutex::new(l.tree),
             jn: Mutex::new(JState {
                 committed: tid,

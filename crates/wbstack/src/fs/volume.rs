@@ -1657,14 +1657,14 @@ impl Vol {
         }
         let i = st.inode(ino)?;
         let nm = String::from_utf8_lossy(name).into_owned();
-        if rmdir && i.is_dir() {
-            // Emptiness is a count, which an unlisted directory reads back first.
-            (i.entries.listed()).map_err(|cold| super::inodes::note_dir_miss(ino, cold))?;
-        }
+        // An unlisted directory reads back its first entry, if any.
+        let has_entries = |i: &super::meta::Inode| {
+            (i.entries.has_entries()).map_err(|cold| super::inodes::note_dir_miss(ino, cold))
+        };
         match (rmdir, i.is_dir()) {
             (false, true) => return Err(FsError::IsDir(nm)),
             (true, false) => return Err(FsError::NotDir(nm)),
-            (true, true) if !i.entries.is_empty() => return Err(FsError::NotEmpty(nm)),
+            (true, true) if has_entries(i)? => return Err(FsError::NotEmpty(nm)),
             _ => {}
         }
         let now = self.now();
@@ -1746,13 +1746,14 @@ impl Vol {
             }
             let vi = st.inode(v)?;
             let nm = String::from_utf8_lossy(nn).into_owned();
-            if src_dir && vi.is_dir() {
-                (vi.entries.listed()).map_err(|cold| super::inodes::note_dir_miss(v, cold))?;
-            }
+            let has_entries = (src_dir && vi.is_dir())
+                .then(|| vi.entries.has_entries())
+                .transpose()
+                .map_err(|cold| super::inodes::note_dir_miss(v, cold))?;
             match (src_dir, vi.is_dir()) {
                 (true, false) => return Err(FsError::NotDir(nm)),
                 (false, true) => return Err(FsError::IsDir(nm)),
-                (true, true) if !vi.entries.is_empty() => return Err(FsError::NotEmpty(nm)),
+                (true, true) if has_entries == Some(true) => return Err(FsError::NotEmpty(nm)),
                 _ => {}
             }
             st.log_unlink(nd, nn, v, now)?;
