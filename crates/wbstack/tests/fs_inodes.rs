@@ -830,6 +830,9 @@ fn an_unlisted_directory_walked_under_changes_returns_each_lasting_entry_once() 
     assert!(pages >= (n / 64) as u64, "{pages} pages");
     // A page of 64, or twice the names known absent in the range before it (the
     // churn's removals, at most 32 at once: `Dir::unlisted_page`).
-    assert!(most_read <= 2 * 64 + 1, "a page read {most_read} groups back");
+    assert!(
+        most_read <= 2 * 64 + 1,
+        "a page read {most_read} groups back"
+    );
     check_unmount_fsck(v);
 }

@@ -304,7 +304,8 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             })
             .unwrap();
             // Read whole (fsck's load): a mount reads a format 5 tree on demand.
-            let mut l = wbstack::fs::journal::load(&q, false, wbstack::fs::metatree::LISTED_MAX).unwrap();
+            let mut l =
+                wbstack::fs::journal::load(&q, false, wbstack::fs::metatree::LISTED_MAX).unwrap();
             // Format 3 had no tree: its blocks are free there.
             l.meta.tree_blocks.clear();
             out.push((
