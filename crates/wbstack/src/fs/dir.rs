@@ -706,7 +706,8 @@ impl Dir {
     /// groups a listing counted without their names, which only an ask of `ALL`
     /// has); how many groups came into memory or became known absent (what a shrink
     /// is due after). An unlisted directory learns what the read says: a single hash
-    /// with no group is known absent, and a listing lists it.
+    /// with no group is known absent, a capped read (`Cold::max_groups`, a page's)
+    /// makes the range it covered known whole, and a listing lists it.
     /// Err: the hash of a group listed cold in the range that the read did not find
     /// (the tree lost entries the directory counts: `add_cold` took them from the same
     /// root).
@@ -761,7 +762,7 @@ impl Dir {
     /// An unlisted directory's listing, as the durable tree holds it, lists it: the
     /// groups not resident nor known absent (memory is newer for those) go cold, as a
     /// load lists them, and those with a kind not recorded (`found`: their names)
-    /// come into memory. Returns 0: nothing came into memory but hashes.
+    /// come into memory. Returns how many groups did (what a shrink is due after).
     fn install_listing(&mut self, found: &[DirentRead], counted: &[GroupRead]) -> usize {
         let Some(u) = self.partial.as_deref_mut().and_then(|p| p.unlisted.take()) else {
             return 0;
@@ -773,6 +774,7 @@ impl Dir {
                 self.add_cold(g.hash, g.names as usize, g.subdirs);
             }
         }
+        let mut resident = 0;
         for group in found.chunk_by(|a, b| a.hash == b.hash) {
             let h = group[0].hash;
             debug_assert!(group.iter().any(|e| e.kind.is_none()), "a group read whole");
@@ -781,9 +783,10 @@ impl Dir {
                     let before = self.insert_at(h, &e.name, e.ino, e.kind);
                     debug_assert!(before.is_none(), "a name twice in group {h}");
                 }
+                resident += 1;
             }
         }
-        0
+        resident
     }
 
     /// Send every clean group (its stamp no later than `durable_gen`) cold, keeping
@@ -1196,7 +1199,11 @@ mod tests {
             subdirs: 1,
         }];
         let whole = [entry(b"c", 10, None)];
-        assert_eq!(d.install_read(ALL, &whole, &counted), Ok(0));
+        assert_eq!(
+            d.install_read(ALL, &whole, &counted),
+            Ok(1),
+            "c came into memory"
+        );
         assert_eq!(d.listed(), Ok(()));
         assert_eq!((d.len(), d.resident_len(), d.subdirs()), (3, 2, None));
         assert_eq!(d.lookup_at(hb, b"b"), Err(one(hb)), "listed cold");
