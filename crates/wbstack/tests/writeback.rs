@@ -919,7 +919,8 @@ fn claimed_pages_and_bio_writes_end_only_their_own_pages() {
 /// read fails: the write stops there and returns the short count of the pages it
 /// copied before the wait (generic_perform_write), which are on the dirty lists (a sync
 /// writes them); and a write covering such a page whole never fails for someone
-/// else's read.
+/// else's read (whose reader then fails, or finds the written page if the write
+/// landed first: a race CI met once).
 #[test]
 fn a_write_failed_by_another_readers_error_leaves_no_dirty_page_unlisted() {
     let cache = CacheConfig {
@@ -943,7 +944,10 @@ fn a_write_failed_by_another_readers_error_leaves_no_dirty_page_unlisted() {
         sim.hold(true);
         let reader = {
             let f = f.clone();
-            std::thread::spawn(move || f.read_at(2 * 4096, &mut [0u8; 4096]))
+            std::thread::spawn(move || {
+                let mut b = vec![0u8; 4096];
+                f.read_at(2 * 4096, &mut b).map(|_| b)
+            })
         };
         wait_for("the reader's read inside the device", || sim.pending() == 1);
         // Pages 0 and 1 whole, page 2 in part or whole.
@@ -955,8 +959,19 @@ fn a_write_failed_by_another_readers_error_leaves_no_dirty_page_unlisted() {
         };
         wait_for("the writer waiting on page 2", || f.nr_dirty() == 2);
         sim.hold(false);
-        assert!(reader.join().unwrap().is_err());
+        let read = reader.join().unwrap();
         let w = writer.join().unwrap();
+        match read {
+            Err(_) => {}
+            // The writer's whole page went in after the failed read dropped the page
+            // and before the reader looked again: the reader finds it, as
+            // filemap_read_folio finds a folio made uptodate meanwhile. Never when the
+            // page is covered in part, whose write needs the failed read.
+            Ok(b) => assert!(
+                !partial && b == [0xabu8; 4096],
+                "inode {ino}: a read that did not fail returned what no write wrote"
+            ),
+        }
         sim.clear_faults();
         if partial {
             assert_eq!(
