@@ -531,6 +531,17 @@ mod tests {
         v
     }
 
+    /// CREATE of `n` (0644, O_RDWR) in the root: its (inode, file handle).
+    fn create_in_root(fs: &WbFs, n: &str) -> (u64, u64) {
+        let mut head = Vec::new();
+        for x in [libc::O_RDWR as u32, 0o100644, 0, 0] {
+            ne32(&mut head, x);
+        }
+        let (err, body) = call(fs, op::CREATE, 1, &head, &name(n));
+        assert_eq!(err, 0, "create {n}");
+        (u64_at(&body, 0), u64_at(&body, 128))
+    }
+
     #[test]
     fn create_write_read_lookup_readdir_and_unlink_decode_and_encode_as_the_kernel_expects() {
         let fs = volume();
@@ -655,12 +666,7 @@ mod tests {
     #[test]
     fn an_fsync_is_answered_on_the_ring_thread_itself() {
         let fs = volume();
-        let mut head = Vec::new();
-        for x in [libc::O_RDWR as u32, 0o100644, 0, 0] {
-            ne32(&mut head, x);
-        }
-        let (_, body) = call(&fs, op::CREATE, 1, &head, &name("f"));
-        let (ino, fh) = (u64_at(&body, 0), u64_at(&body, 128));
+        let (ino, fh) = create_in_root(&fs, "f");
         let mut f = Vec::new();
         ne64(&mut f, fh);
         ne32(&mut f, 0);
@@ -696,12 +702,7 @@ mod tests {
     #[test]
     fn a_setattr_time_before_1970_is_set_not_a_panic() {
         let fs = volume();
-        let mut head = Vec::new();
-        for x in [libc::O_RDWR as u32, 0o100644, 0, 0] {
-            ne32(&mut head, x);
-        }
-        let (_, body) = call(&fs, op::CREATE, 1, &head, &name("old"));
-        let ino = u64_at(&body, 0);
+        let (ino, _) = create_in_root(&fs, "old");
         // fuse_setattr_in: valid (FATTR_ATIME), padding, fh, size, lock_owner, atime,
         // mtime, ctime, three nsecs, mode, unused4, uid, gid, unused5: 88 bytes.
         let mut s = Vec::new();
