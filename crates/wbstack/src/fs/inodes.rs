@@ -202,6 +202,9 @@ pub struct Inodes {
     dirent_faults: u64,
     /// Holders keeping every group resident (`hold_dirs`).
     dirs_held: u32,
+    /// Directories whose groups stay resident, with their holders (`hold_dir`): an
+    /// operation between reading a directory's groups back and running again.
+    dir_holds: FxHashMap<u64, u32>,
     /// The closed generation a checkpoint is copying out (`fs::cowcapture`): its
     /// inodes are copied before their first change.
     pending: Option<Box<PendingCapture>>,
@@ -227,6 +230,7 @@ impl Clone for Inodes {
             entries_shrunk: self.entries_shrunk,
             dirent_faults: self.dirent_faults,
             dirs_held: self.dirs_held,
+            dir_holds: self.dir_holds.clone(),
             // A copy is no checkpoint's source.
             pending: None,
         }
@@ -264,6 +268,7 @@ impl Inodes {
             entries_shrunk: 0,
             dirent_faults: 0,
             dirs_held: 0,
+            dir_holds: FxHashMap::default(),
             pending: None,
         }
     }
@@ -431,6 +436,26 @@ impl Inodes {
         }
     }
 
+    /// While `dir` is held (counts: holders nest), none of its groups goes cold and
+    /// it keeps the ranges it knows whole (`shrink_dirs` passes it over). An operation
+    /// holds the directories it read groups of until it has run again: a shrink in
+    /// between (due after a read of `SHRINK_AFTER_GROUPS`, or a checkpoint, and run by
+    /// any thread's open or close) would undo the read, and a read that large, a
+    /// library page of more entries than that, would be undone each time it ran.
+    pub fn hold_dir(&mut self, dir: u64, hold: bool) {
+        if hold {
+            *self.dir_holds.entry(dir).or_default() += 1;
+            return;
+        }
+        match self.dir_holds.get_mut(&dir) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                self.dir_holds.remove(&dir);
+            }
+            None => debug_assert!(false, "directory {dir} released but not held"),
+        }
+    }
+
     /// Send the clean groups of every directory in memory cold (`Dir::shrink`), once
     /// a checkpoint made more changes durable since the last pass or enough groups
     /// were read back; none unless the cache is lazy. Returns the entries sent cold.
@@ -447,11 +472,12 @@ impl Inodes {
         // No `note_changed`: the entries stay what they are, only where their names
         // are kept changes, and every group a capture in progress reads is stamped
         // later than `d`, so resident.
+        let holds = &self.dir_holds;
         let moved: usize = self
             .map
-            .values_mut()
-            .filter(|i| i.is_dir())
-            .map(|i| i.entries.shrink(d))
+            .iter_mut()
+            .filter(|(ino, i)| i.is_dir() && !holds.contains_key(ino))
+            .map(|(_, i)| i.entries.shrink(d))
             .sum();
         self.entries_shrunk += moved as u64;
         moved

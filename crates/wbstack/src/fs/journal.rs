@@ -387,6 +387,22 @@ fn apply_at_mount(
 ) -> FsResult<Result<(), MetaError>> {
     meta.take_misses();
     meta.take_dir_misses();
+    // Directories read back stay resident until the record applies (`Meta::hold_dir`):
+    // a read large enough makes a shrink due, which the next install runs first.
+    let mut held: Vec<u64> = Vec::new();
+    let r = apply_reading(meta, rec, mode, &mut held);
+    for dir in held {
+        meta.hold_dir(dir, false);
+    }
+    r
+}
+
+fn apply_reading(
+    meta: &mut Meta,
+    rec: &Record,
+    mode: ApplyMode,
+    held: &mut Vec<u64>,
+) -> FsResult<Result<(), MetaError>> {
     loop {
         let r = meta.apply(rec, mode);
         let missed = meta.take_misses();
@@ -398,6 +414,12 @@ fn apply_at_mount(
         ) else {
             return Ok(r);
         };
+        for m in &dirs_missed {
+            if !held.contains(&m.dir) {
+                meta.hold_dir(m.dir, true);
+                held.push(m.dir);
+            }
+        }
         // Each round installs what it missed (or finds it gone): it ends. Inodes
         // first: a directory's groups go into the directory read back.
         let moved = if !missed.is_empty() {

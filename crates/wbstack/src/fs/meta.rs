@@ -600,6 +600,12 @@ impl Meta {
         self.inodes.hold_dirs(hold);
     }
 
+    /// Keep `dir`'s resident groups and known ranges while an operation that read
+    /// some back runs again (`Inodes::hold_dir`), or let them go.
+    pub fn hold_dir(&mut self, dir: u64, hold: bool) {
+        self.inodes.hold_dir(dir, hold);
+    }
+
     /// Every directory in memory with cold groups, each with its whole range of hashes.
     pub fn cold_dirs(&self) -> Vec<super::inodes::DirMiss> {
         self.inodes

@@ -1295,6 +1295,9 @@ impl Vol {
         // pass between the read and the rerun (rare: once per checkpoint) can send one
         // cold again; a few repeats are progress, endless ones are not.
         let mut groups_read: FxHashMap<DirMiss, u32> = FxHashMap::default();
+        // Directories whose groups were read back: held resident until the operation
+        // ran again (`Meta::hold_dir`), so a page needing several reads keeps each.
+        let mut held: Vec<u64> = Vec::new();
         let r = loop {
             let r = op();
             if r.is_ok() {
@@ -1302,7 +1305,14 @@ impl Vol {
             }
             let (misses, dir_misses) = {
                 let mut st = self.st.lock();
-                (st.meta.take_misses(), st.meta.take_dir_misses())
+                let dir_misses = st.meta.take_dir_misses();
+                for m in &dir_misses {
+                    if !held.contains(&m.dir) {
+                        st.meta.hold_dir(m.dir, true);
+                        held.push(m.dir);
+                    }
+                }
+                (st.meta.take_misses(), dir_misses)
             };
             // Each rerun that misses only inodes not read back yet made progress (an
             // operation may meet its inodes one at a time); one that misses an inode
@@ -1331,8 +1341,12 @@ impl Vol {
                 }
             }
         };
-        if !pinned.is_empty() {
-            self.st.lock().meta.unpin(&pinned);
+        if !pinned.is_empty() || !held.is_empty() {
+            let mut st = self.st.lock();
+            st.meta.unpin(&pinned);
+            for dir in held {
+                st.meta.hold_dir(dir, false);
+            }
         }
         r
     }
