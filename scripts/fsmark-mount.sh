@@ -34,8 +34,9 @@ mkdir -p "$work/wbs.mnt"
 # field 16 flushes. $1: a diskstats line (20 fields) or a sysfs stat line (17).
 writes() { awk -v n="$(echo "$1" | wc -w)" '{o = (n == 20) ? 3 : 0; print $(o+5), $(o+7), $(o+16)}' <<<"$1"; }
 
-run_arm() { # name dir statfile-reader
+run_arm() { # name dir statfile-reader [fs_mark args...]
   local name=$1 dir=$2 reader=$3
+  shift 3
   mkdir -p "$dir/0" "$dir/1"
   local before after t0 t1 t2
   before=$($reader)
@@ -43,8 +44,10 @@ run_arm() { # name dir statfile-reader
   fs_mark -d "$dir/0" -d "$dir/1" "$@" >"$work/$name.fsmark.log" 2>&1 || { cat "$work/$name.fsmark.log"; exit 1; }
   t1=$(date +%s.%N)
   # syncfs(2) of this filesystem alone (coreutils' sync -f); Python's os module has no
-  # syncfs, and its os.sync() flushed every filesystem on the machine.
+  # syncfs, and its os.sync() flushed every filesystem on the machine. syncfs does not
+  # reach a FUSE daemon: on the wbstack mount, the mount's own syncfs follows.
   sync -f "$dir"
+  if [ "$name" = wbstack ]; then "$W" sync "$dir"; fi
   t2=$(date +%s.%N)
   after=$($reader)
   read -r w0 s0 f0 <<<"$(writes "$before")"

@@ -62,6 +62,9 @@ enum Cmd {
     Umount(UmountArgs),
     /// Read or set a mounted volume's run-time knobs (no knob: list them all).
     Ctl(CtlArgs),
+    /// syncfs of a mounted volume: write every dirty page back, commit the journal,
+    /// flush the device (sync(1) does not reach a FUSE daemon).
+    Sync(SyncArgs),
     /// iostat -x for a mounted volume, a line per interval.
     Iostat(IostatArgs),
     /// Mixed load with self-checking contents for a long time: no wrong read, no
@@ -125,6 +128,12 @@ struct CtlArgs {
     dir: PathBuf,
     /// knob (read it) or knob=value (set it).
     knob: Option<String>,
+}
+
+#[derive(Args)]
+struct SyncArgs {
+    /// The mount point.
+    dir: PathBuf,
 }
 
 #[derive(Args)]
@@ -942,6 +951,7 @@ fn run(cmd: Cmd) -> ExitCode {
         Cmd::Ctl(a) => {
             wbstack_cli::mount::ctl::ctl(&a.dir, a.knob.as_deref()).map(|s| print!("{s}"))
         }
+        Cmd::Sync(a) => wbstack_cli::mount::ctl::sync(&a.dir).map_err(|e| format!("sync: {e}")),
         Cmd::Iostat(a) => wbstack_cli::mount::iostat::run(&a.dir, a.interval, a.count, a.json),
         Cmd::Soak(a) => {
             let o = wbstack_cli::soak::SoakOpts {

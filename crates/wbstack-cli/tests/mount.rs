@@ -1399,3 +1399,74 @@ fn fallocate_and_copy_file_range_by_another_user_clear_set_id_bits() {
     assert_eq!(sh(&format!("tail -c 16 {c}")), "0123456789abcdef");
     m.umount();
 }
+
+/// sync(1) does not reach a FUSE daemon; `wbstack sync DIR` is the mount's syncfs. With
+/// the flusher and the committer held off, files written without fsync are dirty; after
+/// `wbstack sync` no page is dirty or under writeback and a commit ran, and a SIGKILL
+/// of the daemon then loses none of them. A write error since the last sync is its
+/// error, once; a directory that is no wbstack mount is a clear error.
+#[test]
+fn wbstack_sync_makes_what_was_written_durable_and_reports_a_write_error() {
+    let (_d, img) = image("512M");
+    let lazy = [
+        "commit=3600",
+        "dirty_expire_centisecs=360000",
+        "dirty_writeback_centisecs=0",
+        "flush_on_close=0",
+    ];
+    let m = Mounted::new(img.to_str().unwrap(), &lazy);
+    std::fs::create_dir(m.p("d")).unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| {
+            let body: Vec<u8> = (0..4096 * (i + 1) + 17 * i)
+                .map(|b| (b * 7 + i) as u8)
+                .collect();
+            (format!("d/f{i}"), body)
+        })
+        .collect();
+    for (name, body) in &files {
+        std::fs::write(m.p(name), body).unwrap();
+    }
+    assert!(stat_field(&m, "nr_dirty") > 0, "the writes are still dirty");
+    let commits = stat_field(&m, "journal_commits");
+    ok(Command::new(bin()).arg("sync").arg(m.path()));
+    assert_eq!(stat_field(&m, "nr_dirty"), 0);
+    assert_eq!(stat_field(&m, "nr_writeback"), 0);
+    assert!(stat_field(&m, "journal_commits") > commits, "no commit");
+    let pid: i32 = sh(&format!("cat {}/.wbstack/pid", m.path().display()))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(kill_9(pid), "kill -9 {pid}");
+    ok(Command::new(bin()).arg("umount").arg(m.path()));
+    let mut m = m;
+    m.live = false;
+    drop(m);
+    let m = Mounted::new(img.to_str().unwrap(), &[]);
+    for (name, body) in &files {
+        let back = std::fs::read(m.p(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(back == *body, "{name}: synced, then lost or changed");
+    }
+    m.umount();
+    fsck_clean(&img);
+
+    let m = Mounted::new("sim:ssd,size=256M", &lazy);
+    let data_start = stat_field(&m, "data_start_sector");
+    std::fs::write(m.p("f"), [b'x'; 8192]).unwrap();
+    fault(&m, &format!("eio {data_start}-{} w", u64::MAX / 2));
+    let out = run(Command::new(bin()).arg("sync").arg(m.path()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a failed writeback: {err}");
+    assert!(err.contains("Input/output error"), "{err}");
+    fault(&m, "clear");
+    ok(Command::new(bin()).arg("sync").arg(m.path()));
+    m.umount();
+
+    let plain = tempfile::tempdir().unwrap();
+    let out = run(Command::new(bin()).arg("sync").arg(plain.path()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not a wbstack mount"),
+        "{err}"
+    );
+}

@@ -4,8 +4,12 @@
 //! line), `stat` (cache, writeback, throttling, wbt, journal and the daemon's request
 //! counters, as `name value` lines like /proc/vmstat), `pid` (the daemon's), `trace`
 //! (trace events as JSON lines, streaming while it is read), and on a simulated device
-//! `faults` (its fault switches: EIO ranges, a dying device, latency spikes). The root's
-//! readdir does not list it, so no workload walks into it.
+//! `faults` (its fault switches: EIO ranges, a dying device, latency spikes). One file
+//! acts: a write to `sync` is the volume's syncfs (`Volume::sync`: every dirty page
+//! written back, the journal committed, the device's cache flushed), since the kernel
+//! sends sync(2) and syncfs(2) to no FUSE daemon (only virtiofs gets FUSE_SYNCFS); the
+//! write fails with the error syncfs would return. The root's readdir does not list
+//! the directory, so no workload walks into it.
 
 use crate::counters::Counters;
 use std::sync::atomic::Ordering;
@@ -27,6 +31,8 @@ pub enum CtlFile {
     Trace,
     /// A simulated device's fault switches (only on a sim device).
     Faults,
+    /// Written to: syncfs of the volume.
+    Sync,
 }
 
 impl CtlFile {
@@ -38,11 +44,12 @@ impl CtlFile {
             CtlFile::Pid => "pid",
             CtlFile::Trace => "trace",
             CtlFile::Faults => "faults",
+            CtlFile::Sync => "sync",
         }
     }
 
     pub fn writable(self) -> bool {
-        matches!(self, CtlFile::Knob(_) | CtlFile::Faults)
+        matches!(self, CtlFile::Knob(_) | CtlFile::Faults | CtlFile::Sync)
     }
 }
 
@@ -54,6 +61,7 @@ pub fn files() -> Vec<(u64, CtlFile)> {
         CtlFile::Pid,
         CtlFile::Trace,
         CtlFile::Faults,
+        CtlFile::Sync,
     ];
     TUNABLES
         .iter()
@@ -90,6 +98,7 @@ pub fn content(vol: &Volume, counters: &Counters, f: CtlFile) -> Result<Vec<u8>,
             Some(_) => FAULTS_HELP.to_string(),
             None => "not a simulated device: no fault switches\n".to_string(),
         },
+        CtlFile::Sync => SYNC_HELP.to_string(),
     }
     .into_bytes())
 }
@@ -183,6 +192,12 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
     }
     s
 }
+
+const SYNC_HELP: &str = "\
+# write anything here (`wbstack sync DIR` does) to write every dirty page back, commit
+# the journal and flush the device: the kernel sends sync(2) and syncfs(2) to no FUSE
+# daemon; the write fails with the error syncfs would return
+";
 
 const FAULTS_HELP: &str = "\
 # write one command per line (sectors of 512 bytes; data starts at stat's data_start_sector):

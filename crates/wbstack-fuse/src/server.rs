@@ -712,6 +712,15 @@ impl WbFs {
                 if !c.is_root() && c.uid != self.owner_uid {
                     return reply.error(Errno::EACCES);
                 }
+                if *file == CtlFile::Sync {
+                    // syncfs, which waits for writeback and a commit: off the request
+                    // thread, as fsync is.
+                    let (vol, n) = (self.vol().clone(), data.len() as u32);
+                    return self.defer(reply.may_block(), move || match vol.sync() {
+                        Ok(()) => reply.written(n),
+                        Err(e) => reply.error(errno(&e)),
+                    });
+                }
                 match ctl::write(self.vol(), *file, data) {
                     Ok(()) => reply.written(data.len() as u32),
                     Err(msg) => {

@@ -1,6 +1,24 @@
 //! `wbstack ctl DIR [knob[=value]]`: the control directory without knowing its path.
 
+use std::io::Write;
 use std::path::Path;
+
+/// syncfs of the volume mounted on `dir`: a write to its control directory's `sync`
+/// (the kernel sends sync(2) and syncfs(2) to no FUSE daemon). Returns once every
+/// dirty page is written back and the journal committed, or with the error syncfs
+/// would have returned (a writeback error since the last sync, a failed journal).
+pub fn sync(dir: &Path) -> Result<(), String> {
+    let file = dir.join(".wbstack/sync");
+    if !file.is_file() {
+        return Err(format!("{}: not a wbstack mount", dir.display()));
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    f.write_all(b"1\n")
+        .map_err(|e| format!("{}: {e}", dir.display()))
+}
 
 /// What a ctl invocation printed.
 pub fn ctl(dir: &Path, arg: Option<&str>) -> Result<String, String> {

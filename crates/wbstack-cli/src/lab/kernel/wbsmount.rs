@@ -21,17 +21,6 @@ pub struct WbsMount {
 /// How long the daemon may take to exit after `wbstack umount` returned (it waits for
 /// the daemon itself; this only catches a daemon that outlives it).
 const EXIT_WAIT: Duration = Duration::from_secs(30);
-/// The knobs `sync` sets to write everything back at once (the order matters: the
-/// last write wakes the flusher with the others already in place).
-const SYNC_KNOBS: [(&str, &str); 3] = [
-    ("dirty_background_bytes", "1"),
-    ("dirty_expire_centisecs", "0"),
-    ("dirty_writeback_centisecs", "1"),
-];
-/// How long the mount's writeback may take in `sync` (a --full dd of 3 GiB at a slow
-/// disk's pace fits).
-const SYNC_WAIT: Duration = Duration::from_secs(900);
-
 impl WbsMount {
     pub fn make(work: &Path, opts: &str) -> Result<WbsMount, String> {
         programs::ensure("fusermount3", "fuse3")?;
@@ -119,60 +108,12 @@ impl WbsMount {
         Ok(command_line("wbstack", &["ctl".into(), s(&self.mnt), arg]))
     }
 
-    /// What `sync` means on the mount: syncfs does not reach the daemon (its FUSE
-    /// server has no FUSE_SYNCFS), so after it the daemon's own flusher is made to write
-    /// everything back now (background threshold 1 byte, every dirty inode expired, the
-    /// flusher woken), the wait is for no dirty and no writeback pages, and an fsync of
-    /// the root directory commits the journal. The knobs are put back after.
+    /// What `sync` means on the mount: syncfs does not reach the daemon (the kernel
+    /// sends FUSE_SYNCFS to virtiofs only), so after it the mount's own syncfs runs
+    /// (`wbstack sync`: a write to `.wbstack/sync`, `Volume::sync` in the daemon).
     pub fn sync(&self) -> Result<(), String> {
         super::syncfs(&self.mnt)?;
-        let mut old = Vec::new();
-        for (knob, _) in SYNC_KNOBS {
-            old.push(crate::mount::ctl::ctl(&self.mnt, Some(knob))?);
-        }
-        let set: Result<(), String> = SYNC_KNOBS
-            .iter()
-            .try_for_each(|(knob, v)| self.ctl(knob, v).map(drop));
-        let waited = set.and_then(|()| self.wait_clean());
-        // Put the knobs back whatever the wait said: later arms must see the defaults.
-        let restored: Result<(), String> = SYNC_KNOBS
-            .iter()
-            .zip(&old)
-            .try_for_each(|((knob, _), v)| self.ctl(knob, v.trim()).map(drop));
-        waited?;
-        restored?;
-        let root =
-            std::fs::File::open(&self.mnt).map_err(|e| format!("{}: {e}", self.mnt.display()))?;
-        root.sync_all()
-            .map_err(|e| format!("fsync {}: {e}", self.mnt.display()))
-    }
-
-    /// Wait, boundedly, for the daemon's page cache to hold no dirty and no writeback
-    /// pages (its .wbstack/stat).
-    fn wait_clean(&self) -> Result<(), String> {
-        let stat = self.mnt.join(".wbstack/stat");
-        let deadline = Instant::now() + SYNC_WAIT;
-        loop {
-            let text =
-                std::fs::read_to_string(&stat).map_err(|e| format!("{}: {e}", stat.display()))?;
-            let m = crate::mount::iostat::parse_stat(&text);
-            let (dirty, wb) = (m.get("nr_dirty"), m.get("nr_writeback"));
-            if dirty.is_none() || wb.is_none() {
-                return Err(format!("{}: no nr_dirty or nr_writeback", stat.display()));
-            }
-            if dirty == Some(&0) && wb == Some(&0) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "the mount still had {} dirty and {} writeback pages after {} s",
-                    dirty.unwrap_or(&0),
-                    wb.unwrap_or(&0),
-                    SYNC_WAIT.as_secs()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        crate::mount::ctl::sync(&self.mnt)
     }
 
     fn teardown(&mut self) -> Result<(), String> {
