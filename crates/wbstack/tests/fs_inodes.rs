@@ -6,6 +6,7 @@ mod common;
 
 use common::{queue, quiet};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use wbstack::block::RequestQueue;
 use wbstack::fs::format::InodeKind;
@@ -337,28 +338,13 @@ fn reads_back_survive_concurrent_prunes() {
     let v = mount_with_cache(&q, 0);
     let paths = populate(&v, 100);
     v.checkpoint().unwrap();
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let stop = AtomicBool::new(false);
-    let churned = AtomicU64::new(0);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                v.create("/a/churn").unwrap().close().unwrap();
-                churned.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-        // Failing operations and listings elsewhere: a thread's misses are its own.
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                assert!(matches!(v.mkdir("/a", 0o755), Err(FsError::Exists(_))));
-                assert_eq!(v.readdir("/b").unwrap().len(), 101);
-            }
-        });
-        let t0 = std::time::Instant::now();
-        while churned.load(Ordering::Relaxed) == 0 {
-            assert!(t0.elapsed().as_secs() < 10, "the churn never ran");
-            std::thread::yield_now();
-        }
+    let churn = || v.create("/a/churn").unwrap().close().unwrap();
+    // Failing operations and listings elsewhere: a thread's misses are its own.
+    let elsewhere = || {
+        assert!(matches!(v.mkdir("/a", 0o755), Err(FsError::Exists(_))));
+        assert_eq!(v.readdir("/b").unwrap().len(), 101);
+    };
+    while_looping(&[&churn, &elsewhere], |churned| {
         // Rounds while the churn prunes, until it has pruned a thousand times over.
         let mut rounds = 0;
         while churned.load(Ordering::Relaxed) < 1000 || rounds < 5 {
@@ -369,11 +355,44 @@ fn reads_back_survive_concurrent_prunes() {
             rounds += 1;
             assert!(rounds < 100_000, "the churn stalled");
         }
-        stop.store(true, Ordering::Relaxed);
     });
     let s = v.inode_cache_stats();
     assert!(s.inodes_read_back > 0 && s.inodes_dropped > 0, "{s:?}");
     v.unmount().unwrap();
+}
+
+/// Runs `body` while each of `loops` runs over and over on a thread of its own, and
+/// stops them however `body` ends (a failed assertion too). `body` starts once the
+/// first loop has run once, and gets how many times it has run.
+fn while_looping<R>(loops: &[&(dyn Fn() + Sync)], body: impl FnOnce(&AtomicU64) -> R) -> R {
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stop = AtomicBool::new(false);
+    let first_runs = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for (i, f) in loops.iter().enumerate() {
+            let (stop, first_runs) = (&stop, &first_runs);
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    f();
+                    if i == 0 {
+                        first_runs.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        let _stop = Stop(&stop);
+        let t0 = std::time::Instant::now();
+        while first_runs.load(Ordering::Relaxed) == 0 {
+            assert!(t0.elapsed().as_secs() < 10, "the first loop never ran");
+            std::thread::yield_now();
+        }
+        body(&first_runs)
+    })
 }
 
 /// An operation that meets its inodes one at a time (a path of many directories, none
@@ -854,29 +873,8 @@ fn a_page_larger_than_a_shrink_survives_concurrent_shrinks() {
     v.unmount().unwrap();
     let v = mount_with_cache(&q, 0);
     let big = v.stat("/big").unwrap().ino;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let stop = AtomicBool::new(false);
-    let churned = AtomicU64::new(0);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                v.create("/churn/f").unwrap().close().unwrap();
-                churned.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-        // Stops the churn however this thread ends (a failed assertion too).
-        struct Stop<'a>(&'a AtomicBool);
-        impl Drop for Stop<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::Relaxed);
-            }
-        }
-        let _stop = Stop(&stop);
-        let t0 = std::time::Instant::now();
-        while churned.load(Ordering::Relaxed) == 0 {
-            assert!(t0.elapsed().as_secs() < 10, "the churn never ran");
-            std::thread::yield_now();
-        }
+    let churn = || v.create("/churn/f").unwrap().close().unwrap();
+    while_looping(&[&churn], |_| {
         let mut shrunk = v.inode_cache_stats().dirents_dropped;
         for round in 0..6 {
             let before = v.inode_cache_stats().dirent_groups_read_back;
