@@ -12,10 +12,12 @@ pub fn sync(dir: &Path) -> Result<(), String> {
     if !file.is_file() {
         return Err(format!("{}: not a wbstack mount", dir.display()));
     }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&file)
-        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut f = match std::fs::OpenOptions::new().write(true).open(&file) {
+        Ok(f) => f,
+        // A read-only mount (`-o ro`) has nothing to write back.
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => return Ok(()),
+        Err(e) => return Err(format!("{}: {e}", file.display())),
+    };
     f.write_all(b"1\n")
         .map_err(|e| format!("{}: {e}", dir.display()))
 }
