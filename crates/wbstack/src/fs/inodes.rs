@@ -205,6 +205,9 @@ pub struct Inodes {
     /// Directories whose groups stay resident, with their holders (`hold_dir`): an
     /// operation between reading a directory's groups back and running again.
     dir_holds: FxHashMap<u64, u32>,
+    /// Held directories a shrink passed over: shrunk as their last holder lets go,
+    /// or the pass, done for everyone else, would leave them whole until the next.
+    shrink_deferred: Vec<u64>,
     /// The closed generation a checkpoint is copying out (`fs::cowcapture`): its
     /// inodes are copied before their first change.
     pending: Option<Box<PendingCapture>>,
@@ -231,6 +234,7 @@ impl Clone for Inodes {
             dirent_faults: self.dirent_faults,
             dirs_held: self.dirs_held,
             dir_holds: self.dir_holds.clone(),
+            shrink_deferred: self.shrink_deferred.clone(),
             // A copy is no checkpoint's source.
             pending: None,
         }
@@ -269,6 +273,7 @@ impl Inodes {
             dirent_faults: 0,
             dirs_held: 0,
             dir_holds: FxHashMap::default(),
+            shrink_deferred: Vec::new(),
             pending: None,
         }
     }
@@ -437,7 +442,8 @@ impl Inodes {
     }
 
     /// While `dir` is held (counts: holders nest), none of its groups goes cold and
-    /// it keeps the ranges it knows whole (`shrink_dirs` passes it over). An operation
+    /// it keeps the ranges it knows whole (`shrink_dirs` passes it over, and it is
+    /// shrunk when its last holder lets go). An operation
     /// holds the directories it read groups of until it has run again: a shrink in
     /// between (due after a read of `SHRINK_AFTER_GROUPS`, or a checkpoint, and run by
     /// any thread's open or close) would undo the read, and a read that large, a
@@ -451,6 +457,13 @@ impl Inodes {
             Some(n) if *n > 1 => *n -= 1,
             Some(_) => {
                 self.dir_holds.remove(&dir);
+                if let Some(at) = self.shrink_deferred.iter().position(|&d| d == dir) {
+                    self.shrink_deferred.swap_remove(at);
+                    let d = self.durable_gen;
+                    if let Some(i) = self.map.get_mut(&dir).filter(|i| i.is_dir()) {
+                        self.entries_shrunk += i.entries.shrink(d) as u64;
+                    }
+                }
             }
             None => debug_assert!(false, "directory {dir} released but not held"),
         }
@@ -472,11 +485,18 @@ impl Inodes {
         // No `note_changed`: the entries stay what they are, only where their names
         // are kept changes, and every group a capture in progress reads is stamped
         // later than `d`, so resident.
-        let holds = &self.dir_holds;
+        let (holds, deferred) = (&self.dir_holds, &mut self.shrink_deferred);
         let moved: usize = self
             .map
             .iter_mut()
-            .filter(|(ino, i)| i.is_dir() && !holds.contains_key(ino))
+            .filter(|(_, i)| i.is_dir())
+            .filter(|(ino, _)| {
+                let held = holds.contains_key(ino);
+                if held && !deferred.contains(ino) {
+                    deferred.push(**ino);
+                }
+                !held
+            })
             .map(|(_, i)| i.entries.shrink(d))
             .sum();
         self.entries_shrunk += moved as u64;

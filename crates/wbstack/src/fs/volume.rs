@@ -1291,9 +1291,9 @@ impl Vol {
         let mut tries = 0;
         // What was read back stays in memory until the operation ran again.
         let mut pinned: Vec<u64> = Vec::new();
-        // Directory groups read back, and how often: they are not pinned, so a shrink
-        // pass between the read and the rerun (rare: once per checkpoint) can send one
-        // cold again; a few repeats are progress, endless ones are not.
+        // Directory groups read back, and how often: the same miss again after its
+        // read is no progress (its directory is held, below, so no shrink undid it); a
+        // few repeats are tolerated, endless ones end the operation with its error.
         let mut groups_read: FxHashMap<DirMiss, u32> = FxHashMap::default();
         // Directories whose groups were read back: held resident until the operation
         // ran again (`Meta::hold_dir`), so a page needing several reads keeps each.
