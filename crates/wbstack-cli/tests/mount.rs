@@ -93,6 +93,21 @@ impl Mounted {
         ok(Command::new(bin()).arg("umount").arg(self.path()));
         self.live = false;
     }
+
+    /// The daemon's pid (its `.wbstack/pid`).
+    fn pid(&self) -> i32 {
+        let s = std::fs::read_to_string(self.p(".wbstack/pid")).unwrap();
+        s.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("pid {s:?}: {e}"))
+    }
+
+    /// After the daemon was killed: `wbstack umount` detaches the dead mount, so that
+    /// the image can be mounted again (which replays its journal).
+    fn detach_dead(mut self) {
+        ok(Command::new(bin()).arg("umount").arg(self.path()));
+        self.live = false;
+    }
 }
 
 impl Drop for Mounted {
@@ -624,10 +639,7 @@ fn fsx_100k_operations_with_mmap_truncate_fallocate_and_punch_hole() {
 fn sigkill_of_the_daemon_loses_nothing_fsynced() {
     let (_d, img) = image("1G");
     let m = Mounted::new(img.to_str().unwrap(), &[]);
-    let pid: i32 = sh(&format!("cat {}/.wbstack/pid", m.path().display()))
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = m.pid();
     // 4 writers: each file is written, fsynced, then named in its writer's log
     // (also fsynced), so every name in a log is a promise.
     let script = format!(
@@ -669,11 +681,7 @@ fn sigkill_of_the_daemon_loses_nothing_fsynced() {
     let r = kill_9(pid);
     assert!(r, "kill -9 {pid}");
     let _writers = child.wait();
-    // The dead mount is detached by umount, and the next mount replays the journal.
-    ok(Command::new(bin()).arg("umount").arg(m.path()));
-    let mut m = m;
-    m.live = false;
-    drop(m);
+    m.detach_dead();
     let m = Mounted::new(img.to_str().unwrap(), &[]);
     let mut promised = 0;
     for t in 1..=4 {
@@ -848,9 +856,7 @@ impl AlignedBuf {
 fn sigterm_unmounts_cleanly_with_everything_written() {
     let (_d, img) = image("256M");
     let mut m = Mounted::new(img.to_str().unwrap(), &[]);
-    let pid = sh(&format!("cat {}/.wbstack/pid", m.path().display()))
-        .trim()
-        .to_string();
+    let pid = m.pid().to_string();
     sh(&format!(
         "head -c 5000000 /dev/zero | tr '\\0' 'w' > {}/unsynced",
         m.path().display()
@@ -1434,15 +1440,9 @@ fn wbstack_sync_makes_what_was_written_durable_and_reports_a_write_error() {
     assert_eq!(stat_field(&m, "nr_dirty"), 0);
     assert_eq!(stat_field(&m, "nr_writeback"), 0);
     assert!(stat_field(&m, "journal_commits") > commits, "no commit");
-    let pid: i32 = sh(&format!("cat {}/.wbstack/pid", m.path().display()))
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = m.pid();
     assert!(kill_9(pid), "kill -9 {pid}");
-    ok(Command::new(bin()).arg("umount").arg(m.path()));
-    let mut m = m;
-    m.live = false;
-    drop(m);
+    m.detach_dead();
     let m = Mounted::new(img.to_str().unwrap(), &[]);
     for (name, body) in &files {
         let back = std::fs::read(m.p(name)).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -720,7 +720,7 @@ fn a_large_directory_comes_back_unlisted_and_a_lookup_reads_only_its_name() {
     let after = v.inode_cache_stats();
     // "new" read and found absent, f3, f6, and f5 again if a shrink sent its clean
     // group cold between two operations (one passes over a directory an operation
-    // holds, `Meta::hold_dir`): one read per name, nothing else.
+    // holds, `Meta::hold_dirs_missed`): one read per name, nothing else.
     let read = after.dirent_groups_read_back - before.dirent_groups_read_back;
     assert!((3..=4).contains(&read), "{before:?} {after:?}");
     assert!(
@@ -857,7 +857,7 @@ fn an_unlisted_directory_walked_under_changes_returns_each_lasting_entry_once() 
 /// A library page of more entries than a shrink waits for (`SHRINK_AFTER_GROUPS`,
 /// 16,384 groups read back) of an unlisted directory: its read makes a shrink due, and
 /// another thread's close runs it. The directory stays held from the read to the
-/// page's rerun (`Meta::hold_dir`): the page comes back whole each round, its groups
+/// page's rerun (`Meta::hold_dirs_missed`): the page comes back whole each round, its groups
 /// read once, where an undone read was read again, up to `GROUP_REREADS` times, and
 /// then failed.
 #[test]

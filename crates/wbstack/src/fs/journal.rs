@@ -387,13 +387,12 @@ fn apply_at_mount(
 ) -> FsResult<Result<(), MetaError>> {
     meta.take_misses();
     meta.take_dir_misses();
-    // Directories read back stay resident until the record applies (`Meta::hold_dir`):
-    // a read large enough makes a shrink due, which the next install runs first.
+    // Directories read back stay resident until the record applies
+    // (`Meta::hold_dirs_missed`): a read large enough makes a shrink due, which the
+    // next install runs first.
     let mut held: Vec<u64> = Vec::new();
     let r = apply_reading(meta, rec, mode, &mut held);
-    for dir in held {
-        meta.hold_dir(dir, false);
-    }
+    meta.release_dirs(&held);
     r
 }
 
@@ -414,12 +413,7 @@ fn apply_reading(
         ) else {
             return Ok(r);
         };
-        for m in &dirs_missed {
-            if !held.contains(&m.dir) {
-                meta.hold_dir(m.dir, true);
-                held.push(m.dir);
-            }
-        }
+        meta.hold_dirs_missed(&dirs_missed, held);
         // Each round installs what it missed (or finds it gone): it ends. Inodes
         // first: a directory's groups go into the directory read back.
         let moved = if !missed.is_empty() {

@@ -600,10 +600,23 @@ impl Meta {
         self.inodes.hold_dirs(hold);
     }
 
-    /// Keep `dir`'s resident groups and known ranges while an operation that read
-    /// some back runs again (`Inodes::hold_dir`), or let them go.
-    pub fn hold_dir(&mut self, dir: u64, hold: bool) {
-        self.inodes.hold_dir(dir, hold);
+    /// Hold the directories of `misses` not in `held` yet (`Inodes::hold_dir`), and
+    /// add them to it: an operation about to read their groups back keeps them, and
+    /// their known ranges, until it ran again and calls `release_dirs(held)`.
+    pub fn hold_dirs_missed(&mut self, misses: &[super::inodes::DirMiss], held: &mut Vec<u64>) {
+        for m in misses {
+            if !held.contains(&m.dir) {
+                self.inodes.hold_dir(m.dir, true);
+                held.push(m.dir);
+            }
+        }
+    }
+
+    /// Let go of the directories `hold_dirs_missed` held.
+    pub fn release_dirs(&mut self, held: &[u64]) {
+        for &dir in held {
+            self.inodes.hold_dir(dir, false);
+        }
     }
 
     /// Every directory in memory with cold groups, each with its whole range of hashes.

@@ -1296,7 +1296,7 @@ impl Vol {
         // few repeats are tolerated, endless ones end the operation with its error.
         let mut groups_read: FxHashMap<DirMiss, u32> = FxHashMap::default();
         // Directories whose groups were read back: held resident until the operation
-        // ran again (`Meta::hold_dir`), so a page needing several reads keeps each.
+        // ran again (`Meta::hold_dirs_missed`), so a page needing several reads keeps each.
         let mut held: Vec<u64> = Vec::new();
         let r = loop {
             let r = op();
@@ -1306,12 +1306,7 @@ impl Vol {
             let (misses, dir_misses) = {
                 let mut st = self.st.lock();
                 let dir_misses = st.meta.take_dir_misses();
-                for m in &dir_misses {
-                    if !held.contains(&m.dir) {
-                        st.meta.hold_dir(m.dir, true);
-                        held.push(m.dir);
-                    }
-                }
+                st.meta.hold_dirs_missed(&dir_misses, &mut held);
                 (st.meta.take_misses(), dir_misses)
             };
             // Each rerun that misses only inodes not read back yet made progress (an
@@ -1344,9 +1339,7 @@ impl Vol {
         if !pinned.is_empty() || !held.is_empty() {
             let mut st = self.st.lock();
             st.meta.unpin(&pinned);
-            for dir in held {
-                st.meta.hold_dir(dir, false);
-            }
+            st.meta.release_dirs(&held);
         }
         r
     }
