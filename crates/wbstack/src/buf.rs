@@ -48,19 +48,10 @@ impl IoBuf {
         IoBuf { ptr, len }
     }
 
-    /// A buffer holding a copy of `data`.
+    /// A buffer holding a copy of `data`, written once by the copy (`concat`): a
+    /// commit's tens of MiB zeroed first cost a pass over them for nothing.
     pub fn from_slice(data: &[u8]) -> IoBuf {
-        if Self::layout(data.len()).size() == IO_ALIGN && data.len() == IO_ALIGN {
-            // A whole page is overwritten at once: skip zeroing it first.
-            let ptr = pool::get();
-            // SAFETY: the pool page is exclusively ours, 4096 bytes, and does not
-            // overlap `data`, which is borrowed from elsewhere.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.as_ptr(), IO_ALIGN) };
-            return IoBuf { ptr, len: IO_ALIGN };
-        }
-        let mut b = IoBuf::zeroed(data.len());
-        b.as_mut_slice().copy_from_slice(data);
-        b
+        IoBuf::concat(std::iter::once(data))
     }
 
     /// One buffer holding `parts` back to back. Its memory is written once, by the
