@@ -148,6 +148,10 @@ fn stat(vol: &Volume, counters: &Counters) -> String {
             "journal_checkpoint_close_ms_max",
             j.checkpoint_close_max_ns / 1_000_000,
         ),
+        (
+            "journal_commit_close_ms_max",
+            j.commit_close_max_ns / 1_000_000,
+        ),
         ("inode_cache_cached", ic.cached),
         ("inode_cache_live", ic.live),
         ("inode_cache_evicted", ic.evicted),

@@ -33,6 +33,10 @@ pub(super) fn committer(weak: Weak<Vol>) {
     }
 }
 
+/// Inodes restated in one hold of `st` ahead of a transaction's close
+/// (`Vol::restate_ahead`): about 2 ms of it.
+const RESTATE_BATCH: usize = 4096;
+
 /// What decides how many syncs a commit waits for (`group_to_wait_for`).
 pub(super) struct GroupInputs {
     /// The commit will flush the cache first (PREFLUSH).
@@ -453,6 +457,29 @@ impl Vol {
 
     /// Close the running transaction and make it durable (a journal write, a
     /// checkpoint, or for an empty one a cache flush if someone needs one).
+    /// Restate the running transaction's changed inodes in batches of `RESTATE_BATCH`,
+    /// each its own hold of `st`, until a batch's worth is left for the close: at
+    /// -S0 a transaction changes 100,000 inodes and more, and restating them all in the
+    /// close's one hold stopped every namespace operation for 30-70 ms. Bounded: the
+    /// operations let in between keep adding changed inodes, at far less than a batch
+    /// per batch.
+    fn restate_ahead(&self) {
+        let mut batches = None;
+        loop {
+            let mut st = self.st.lock();
+            let left = st.txn_inodes.len();
+            if left <= RESTATE_BATCH || st.aborted.is_some() {
+                return;
+            }
+            let n = batches.get_or_insert(left / RESTATE_BATCH + 2);
+            if *n == 0 {
+                return;
+            }
+            *n -= 1;
+            st.restate_some(RESTATE_BATCH);
+        }
+    }
+
     fn commit(&self, force_ckpt: bool) {
         let t0 = self.now();
         // A background checkpoint in flight is waited for when the journal fills up to
@@ -465,6 +492,7 @@ impl Vol {
             self.jn.lock().stats.checkpoint_waits += 1;
             self.wait_background_checkpoint();
         }
+        self.restate_ahead();
         let (tid, payload, nrec, home, covered, bg_capture) = loop {
             let (ring, bg_busy, jblocks) = {
                 let j = self.jn.lock();
@@ -661,11 +689,14 @@ impl Vol {
             } else {
                 (Payload::Txn(txn), None, None)
             };
-            if ckpt || bg {
+            {
                 let held_ns = self.now().saturating_sub(close_t0);
                 let mut j = self.jn.lock();
-                j.stats.checkpoint_close_ns += held_ns;
-                j.stats.checkpoint_close_max_ns = j.stats.checkpoint_close_max_ns.max(held_ns);
+                j.stats.commit_close_max_ns = j.stats.commit_close_max_ns.max(held_ns);
+                if ckpt || bg {
+                    j.stats.checkpoint_close_ns += held_ns;
+                    j.stats.checkpoint_close_max_ns = j.stats.checkpoint_close_max_ns.max(held_ns);
+                }
             }
             break (tid, payload, nrec, home, covered, bg_capture);
         };
@@ -1338,5 +1369,84 @@ mod abort_tests {
         assert_eq!(v.vol.bdi.nr_writeback(), 0);
         drop(f);
         assert!(std::sync::Arc::try_unwrap(v).is_ok_and(|v| v.unmount().is_err()));
+    }
+}
+
+#[cfg(test)]
+mod restate_tests {
+    use super::RESTATE_BATCH;
+    use crate::block::{QueueConfig, RequestQueue};
+    use crate::fs::format::Record;
+    use crate::fs::mkfs::MkfsOptions;
+    use crate::fs::volume::SetAttr;
+    use crate::fs::{MountOptions, Volume};
+
+    fn quiet() -> MountOptions {
+        let mut o = MountOptions::default();
+        o.wb.dirty_writeback_centisecs = 0;
+        o.commit_interval_ms = 3_600_000;
+        o
+    }
+
+    /// A transaction restated ahead of its close, in batches (`restate_ahead`), leaves
+    /// at most a batch to the close, and an inode changed again after its batch is
+    /// restated again at the close: after a crash, replay of the journal alone (no
+    /// checkpoint in between) gives every file the mode it had last. The modes are
+    /// carried by restated records only (a chmod changes the inode in place).
+    #[test]
+    fn inodes_restated_ahead_of_the_close_and_changed_again_replay_their_last_attributes() {
+        let q = RequestQueue::open("sim:ssd,size=1G", QueueConfig::default()).unwrap();
+        Volume::mkfs(&q, &MkfsOptions::default()).unwrap();
+        let v = Volume::mount(q.clone(), quiet()).unwrap();
+        let n = 3 * RESTATE_BATCH + 100;
+        let chmod = |v: &Volume, i: usize, mode: u32| {
+            let a = SetAttr {
+                mode: Some(mode),
+                ..Default::default()
+            };
+            v.set_attr(&format!("/f{i}"), &a).unwrap();
+        };
+        // Created (a create's record carries its attributes), then changed in place:
+        // each file is now one of the transaction's changed inodes, as the root is.
+        for i in 0..n {
+            drop(v.create(&format!("/f{i}")).unwrap());
+            chmod(&v, i, 0o640);
+        }
+        let ckpts = v.journal_stats().checkpoints;
+        let restated = |v: &Volume| {
+            let st = v.vol.st.lock();
+            st.txn
+                .iter()
+                .filter(|r| matches!(r, Record::SetAttr { .. }))
+                .count()
+        };
+        assert_eq!(restated(&v), 0);
+        v.vol.restate_ahead();
+        let left = v.vol.st.lock().txn_inodes.len();
+        assert!(left <= RESTATE_BATCH, "{left} inodes left to the close");
+        assert_eq!(
+            restated(&v) + left,
+            n + 1,
+            "every file and the root restated once, ahead or at the close"
+        );
+        // Changed again: every 7th file, some restated ahead and some not.
+        let mode = |i: usize| if i.is_multiple_of(7) { 0o600 } else { 0o640 };
+        for i in (0..n).step_by(7) {
+            chmod(&v, i, 0o600);
+        }
+        v.sync().unwrap();
+        assert_eq!(
+            v.journal_stats().checkpoints,
+            ckpts,
+            "a checkpoint would hold the modes: the journal's replay is what is tested"
+        );
+        v.crash();
+        let v = Volume::mount(q, quiet()).unwrap();
+        for i in 0..n {
+            let s = v.stat(&format!("/f{i}")).unwrap();
+            assert_eq!(s.mode & 0o7777, mode(i), "/f{i} after replay");
+        }
+        assert!(v.check().is_empty(), "{:?}", v.check());
+        v.unmount().unwrap();
     }
 }

@@ -381,6 +381,8 @@ pub struct JournalStats {
     /// operation waits that long.
     pub checkpoint_close_ns: u64,
     pub checkpoint_close_max_ns: u64,
+    /// The longest hold of `st` to close any transaction, a checkpoint's or not.
+    pub commit_close_max_ns: u64,
     /// Cache flushes issued without a commit (fsync of data whose metadata was durable).
     pub flushes: u64,
     /// Commits written with FUA alone, no PREFLUSH: no write had completed since the
@@ -899,8 +901,24 @@ impl State {
     /// the last one, 131,072 and more, and pushing two records each under `st` cost as
     /// long again).
     pub fn restate(&mut self, records: bool) {
+        let inos: Vec<u64> = std::mem::take(&mut self.txn_inodes).into_iter().collect();
+        self.restate_inos(inos, records);
+    }
+
+    /// Restate up to `max` of the inodes changed in the running transaction now, ahead
+    /// of its close (`Vol::restate_ahead`), with records: the close then restates only
+    /// what changed since. One changed again is restated again at the close, after,
+    /// so replay ends with its last attributes either way.
+    pub fn restate_some(&mut self, max: usize) {
+        let inos: Vec<u64> = self.txn_inodes.iter().take(max).copied().collect();
+        for ino in &inos {
+            self.txn_inodes.remove(ino);
+        }
+        self.restate_inos(inos, true);
+    }
+
+    fn restate_inos(&mut self, mut inos: Vec<u64>, records: bool) {
         // In inode order, as replay and the tests see them, whatever the set's order.
-        let mut inos: Vec<u64> = std::mem::take(&mut self.txn_inodes).into_iter().collect();
         inos.sort_unstable();
         for ino in inos {
             // Changed in place, not through `Meta::apply`: the tree learns of it here.
@@ -910,7 +928,7 @@ impl State {
             }
             // Changed in this transaction, so in memory (or deleted since).
             if let Some(i) = self.meta.resident(ino) {
-                self.txn.push(Record::SetAttr {
+                let attr = Record::SetAttr {
                     ino,
                     mode: i.mode,
                     uid: i.uid,
@@ -918,9 +936,16 @@ impl State {
                     atime_ns: i.atime_ns,
                     mtime_ns: i.mtime_ns,
                     ctime_ns: i.ctime_ns,
-                });
-                if i.kind == InodeKind::File {
-                    self.txn.push(Record::SetSize { ino, size: i.size });
+                };
+                let size =
+                    (i.kind == InodeKind::File).then_some(Record::SetSize { ino, size: i.size });
+                // Counted as logged records are: a transaction restated ahead of its
+                // close is bounded (`restate_max_bytes`) by what it holds plus the rest.
+                self.txn_bytes += attr.encoded_len();
+                self.txn.push(attr);
+                if let Some(r) = size {
+                    self.txn_bytes += r.encoded_len();
+                    self.txn.push(r);
                 }
             }
         }
