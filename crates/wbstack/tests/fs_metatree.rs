@@ -145,6 +145,7 @@ proptest! {
         seed in any::<u64>(),
         batch in 1..5usize,
         every in 1..6usize,
+        list_apart in any::<bool>(),
     ) {
         let mut meta = Meta::mkfs(DATA_START, NR_BLOCKS, 1, seed);
         // Stamps are kept (what the copy on write goes by) once inodes are a cache.
@@ -156,12 +157,22 @@ proptest! {
         let ch = meta.take_changes();
         let at_close = metatree::capture(&meta, ch.clone()).ops();
         prop_assert!(meta.begin_capture(ch).is_none(), "a lazy volume captures copy-on-write");
+        // The committer's list of the inodes to copy, made without `st` from the keys
+        // (`Meta::capture_changes`) and given back after some changes went on.
+        let apart = list_apart.then(|| meta.capture_changes().expect("the list not made yet"));
+        let mut apart = apart.map(|(gen, ch)| (gen, metatree::changed_inodes(&ch)));
         let mut done = false;
         for (k, r) in after.iter().enumerate() {
             let _ = meta.apply(r, ApplyMode::Replay);
+            if let Some((gen, list)) = apart.take() {
+                meta.capture_set_inodes(gen, list);
+            }
             if k % every == 0 && !done {
                 done = meta.capture_step(batch);
             }
+        }
+        if let Some((gen, list)) = apart.take() {
+            meta.capture_set_inodes(gen, list);
         }
         while !meta.capture_step(batch) {}
         let got = meta.take_capture().expect("the capture pending").finish().ops();
@@ -217,6 +228,48 @@ fn a_small_change_makes_few_operations() {
     // The filesystem record and the one inode: not the 2000 others.
     assert_eq!(ops.len(), 2, "{ops:?}");
     assert!(matches!(&ops[1], TreeOp::Put(k, _) if k[1..9] == 77u64.to_be_bytes()));
+}
+
+/// A step of a copy-on-write capture stops once it copied its batch of keys, not only
+/// its batch of inodes: 100 directories of 10 entries each (11 keys and more per
+/// directory) take a step each, then 1,000 files (a key each) 10 per step. By inodes
+/// alone the 1,102 inodes took 111 steps, the directories' ten to a step (the hold of
+/// `st` of fs_mark's directories was 36-56 ms).
+#[test]
+fn a_capture_step_stops_at_its_batch_of_keys() {
+    let mut meta = Meta::mkfs(DATA_START, NR_BLOCKS, 1, 3);
+    meta.set_source(std::sync::Arc::new(NoSource));
+    meta.track_changes(true);
+    let create = |meta: &mut Meta, ino: u64, kind: InodeKind, parent: u64| {
+        let r = Record::Create {
+            ino,
+            kind,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            time_ns: 1,
+        };
+        meta.apply(&r, ApplyMode::Replay).unwrap();
+        let name = format!("n{ino}").into_bytes();
+        meta.apply(&Record::Link { parent, name, ino }, ApplyMode::Replay)
+            .unwrap();
+    };
+    for d in 0..100u64 {
+        create(&mut meta, 2 + d, InodeKind::Dir, 1);
+    }
+    for f in 0..1000u64 {
+        create(&mut meta, 102 + f, InodeKind::File, 2 + f / 10);
+    }
+    let ch = meta.take_changes();
+    assert!(meta.begin_capture(ch).is_none());
+    let mut steps = 1;
+    while !meta.capture_step(10) {
+        steps += 1;
+    }
+    // The root (101 keys: its core and 100 entries), each directory alone, the files
+    // ten to a step.
+    assert_eq!(steps, 1 + 100 + 100);
+    assert!(meta.take_capture().is_some());
 }
 
 #[test]

@@ -1003,6 +1003,13 @@ impl Vol {
     /// Copy out the rest of a checkpoint's capture (`fs::cowcapture`), a batch per
     /// hold of `st`, while operations go on.
     fn finish_capture(&self) -> FsResult<metatree::Captured> {
+        // The list of the inodes to copy, made without `st`.
+        let changes = self.st.lock().meta.capture_changes();
+        if let Some((gen, changes)) = changes {
+            let inodes = metatree::changed_inodes(&changes);
+            drop(changes);
+            self.st.lock().meta.capture_set_inodes(gen, inodes);
+        }
         loop {
             let mut st = self.st.lock();
             if st.meta.capture_step(super::cowcapture::CAPTURE_BATCH) {

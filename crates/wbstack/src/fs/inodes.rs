@@ -24,7 +24,7 @@ use super::cowcapture::PendingCapture;
 use super::dir::Cold;
 use super::error::FsError;
 use super::format::InodeKind;
-use super::meta::{Inode, MetaError, ROOT_INO};
+use super::meta::{Changes, Inode, MetaError, ROOT_INO};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -608,6 +608,21 @@ impl Inodes {
             |ino| changed.get(&ino).copied(),
             |ino| map.get(&ino).map(|b| &**b),
         )
+    }
+
+    /// The pending capture's keys, while the list of their inodes is to be made
+    /// (`PendingCapture::changes_to_list`), with its generation.
+    pub fn capture_changes(&self) -> Option<(u64, Arc<Changes>)> {
+        let p = self.pending.as_deref()?;
+        p.changes_to_list().map(|c| (p.gen(), c))
+    }
+
+    /// Give the pending capture of generation `gen` the list of its inodes
+    /// (`PendingCapture::set_inodes`); none if it was given up meanwhile.
+    pub fn capture_set_inodes(&mut self, gen: u64, inodes: Vec<u64>) {
+        if let Some(p) = self.pending.as_deref_mut().filter(|p| p.gen() == gen) {
+            p.set_inodes(inodes);
+        }
     }
 
     /// The pending capture, done or given up (a failed volume).

@@ -689,6 +689,16 @@ impl Meta {
         self.inodes.capture_step(max)
     }
 
+    /// `Inodes::capture_changes`.
+    pub fn capture_changes(&self) -> Option<(u64, std::sync::Arc<Changes>)> {
+        self.inodes.capture_changes()
+    }
+
+    /// `Inodes::capture_set_inodes`.
+    pub fn capture_set_inodes(&mut self, gen: u64, inodes: Vec<u64>) {
+        self.inodes.capture_set_inodes(gen, inodes)
+    }
+
     /// `Inodes::take_capture`.
     pub fn take_capture(&mut self) -> Option<super::cowcapture::PendingCapture> {
         self.inodes.take_capture()

@@ -246,7 +246,7 @@ pub fn capture(meta: &Meta, mut ch: Changes) -> Captured {
 }
 
 /// Every inode `ch` (settled) names a key of, sorted: the units a capture copies.
-pub(super) fn changed_inodes(ch: &Changes) -> Vec<u64> {
+pub fn changed_inodes(ch: &Changes) -> Vec<u64> {
     let mut v: Vec<u64> = ch
         .inodes
         .iter()
@@ -358,6 +358,15 @@ impl Captured {
     /// (none: deleted). Every key of one inode comes from one call. `at`: where the
     /// last call left off (calls in increasing inode order cost least; any order is
     /// right).
+    /// Values copied so far (deleted inodes and orphans, known at the start, aside).
+    pub(super) fn values(&self) -> usize {
+        self.inodes.len()
+            + self.extents.len()
+            + self.dirents.len()
+            + self.targets.len()
+            + self.xattrs.len()
+    }
+
     pub(super) fn take_inode(
         &mut self,
         ch: &Changes,
