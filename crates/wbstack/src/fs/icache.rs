@@ -110,11 +110,12 @@ pub(super) struct InodeCache {
 }
 
 impl InodeCache {
-    pub fn new(limit: usize) -> InodeCache {
+    /// With room for `presize` inodes (`mount::presize`).
+    pub fn new(limit: usize, presize: usize) -> InodeCache {
         let gauge = Arc::new(Gauge::default());
         gauge.limit.store(limit, Ordering::Relaxed);
         InodeCache {
-            map: FxHashMap::default(),
+            map: FxHashMap::with_capacity_and_hasher(presize, Default::default()),
             gauge,
             lru: LazyLru::new(),
             evicted: 0,

@@ -901,7 +901,9 @@ impl State {
     /// the last one, 131,072 and more, and pushing two records each under `st` cost as
     /// long again).
     pub fn restate(&mut self, records: bool) {
-        let inos: Vec<u64> = std::mem::take(&mut self.txn_inodes).into_iter().collect();
+        // Drained, not taken: the set keeps its room for the next transaction, which
+        // would otherwise grow it again by rehashing under `st`.
+        let inos: Vec<u64> = self.txn_inodes.drain().collect();
         self.restate_inos(inos, records);
     }
 
