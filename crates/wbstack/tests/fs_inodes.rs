@@ -666,6 +666,31 @@ fn a_directorys_clean_entries_leave_memory_and_come_back_on_use() {
 /// not all of them in one hold of `st`: with 601 directories, the open and close right
 /// after a checkpoint leave some entries resident, and a few more operations finish the
 /// pass; every entry is still found.
+/// A batch of a shrink pass also ends once it sent 8,192 entries cold: of five
+/// directories of 5,000 entries, the open and close right after a checkpoint shrink
+/// four at most, so 5,000 entries at least stay resident until the next operations.
+#[test]
+fn a_shrink_pass_batch_ends_at_its_entries() {
+    let q = mkfs5("sim:ssd,size=256M");
+    let v = mount_with_cache(&q, 1 << 20);
+    for d in 0..5 {
+        v.mkdir(&format!("/d{d}"), 0o755).unwrap();
+        for i in 0..5000 {
+            v.create(&format!("/d{d}/f{i}")).unwrap().close().unwrap();
+        }
+    }
+    shrink_dirs(&v);
+    let first = v.inode_cache_stats();
+    assert!(first.dirents_resident >= 5000, "{first:?}");
+    for _ in 0..3 {
+        v.create("/churn").unwrap().close().unwrap();
+    }
+    let done = v.inode_cache_stats();
+    assert_eq!(done.dirents_resident, 1, "{done:?}");
+    assert!(v.stat("/d4/f4999").is_ok());
+    check_unmount_fsck(v);
+}
+
 #[test]
 fn a_shrink_pass_goes_a_batch_of_directories_per_operation() {
     let q = mkfs5("sim:ssd,size=256M");

@@ -151,8 +151,11 @@ pub fn note_dir_miss(dir: u64, cold: Cold) -> MetaError {
 /// this many groups' names in memory (~2 MiB) however long it runs.
 const SHRINK_AFTER_GROUPS: usize = 16384;
 
-/// Directories a call of `shrink_dirs` shrinks (about 2 µs each at fs_mark's size).
+/// Directories a call of `shrink_dirs` shrinks at most, and the entries past which it
+/// stops (sending 40,000 entries of one directory cold took 10 ms; fs_mark's few
+/// directories of tens of thousands, four to a batch of directories, 30-38 ms).
 const SHRINK_BATCH: usize = 256;
+const SHRINK_ENTRIES: usize = 8192;
 
 /// Numbers of inodes found gone remembered, at most.
 const ABSENT_MAX: usize = 65536;
@@ -485,10 +488,10 @@ impl Inodes {
 
     /// Send the clean groups of every directory in memory cold (`Dir::shrink`), once
     /// a checkpoint made more changes durable since the last pass or enough groups
-    /// were read back; none unless the cache is lazy. A pass goes `SHRINK_BATCH`
-    /// directories per call (each open and close makes one): all at once, fs_mark's
-    /// 20,000 directories held `st` 30-38 ms, and every operation waited. Returns the
-    /// entries sent cold.
+    /// were read back; none unless the cache is lazy. A pass goes a batch of
+    /// directories per call (`SHRINK_BATCH`, `SHRINK_ENTRIES`; each open and close
+    /// makes one): all at once, fs_mark's directories held `st` 30-38 ms, and every
+    /// operation waited. Returns the entries sent cold.
     pub fn shrink_dirs(&mut self) -> usize {
         if self.source.is_none() || self.dirs_held > 0 {
             return 0;
@@ -509,11 +512,17 @@ impl Inodes {
         // The pass's generation: groups changed since are stamped later, so resident
         // (as is every group a capture in progress reads).
         let d = self.shrunk_at;
-        let batch = self.shrink_queue.len().saturating_sub(SHRINK_BATCH);
         let mut moved = 0;
         // No `note_changed`: the entries stay what they are, only where their names
-        // are kept changes.
-        for ino in self.shrink_queue.drain(batch..) {
+        // are kept changes. A batch ends at `SHRINK_BATCH` directories or
+        // `SHRINK_ENTRIES` entries sent cold, whichever comes first (a directory whole).
+        for _ in 0..SHRINK_BATCH {
+            if moved >= SHRINK_ENTRIES {
+                break;
+            }
+            let Some(ino) = self.shrink_queue.pop() else {
+                break;
+            };
             if self.dir_holds.contains_key(&ino) {
                 if !self.shrink_deferred.contains(&ino) {
                     self.shrink_deferred.push(ino);
