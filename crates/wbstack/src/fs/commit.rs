@@ -455,8 +455,6 @@ impl Vol {
         self.settle_async();
     }
 
-    /// Close the running transaction and make it durable (a journal write, a
-    /// checkpoint, or for an empty one a cache flush if someone needs one).
     /// Restate the running transaction's changed inodes in batches of `RESTATE_BATCH`,
     /// each its own hold of `st`, until a batch's worth is left for the close: at
     /// -S0 a transaction changes 100,000 inodes and more, and restating them all in the
@@ -480,6 +478,8 @@ impl Vol {
         }
     }
 
+    /// Close the running transaction and make it durable (a journal write, a
+    /// checkpoint, or for an empty one a cache flush if someone needs one).
     fn commit(&self, force_ckpt: bool) {
         let t0 = self.now();
         // A background checkpoint in flight is waited for when the journal fills up to
