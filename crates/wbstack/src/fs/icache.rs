@@ -110,12 +110,11 @@ pub(super) struct InodeCache {
 }
 
 impl InodeCache {
-    /// With room for `presize` inodes (`mount::presize`).
-    pub fn new(limit: usize, presize: usize) -> InodeCache {
+    pub fn new(limit: usize) -> InodeCache {
         let gauge = Arc::new(Gauge::default());
         gauge.limit.store(limit, Ordering::Relaxed);
         InodeCache {
-            map: FxHashMap::with_capacity_and_hasher(presize, Default::default()),
+            map: FxHashMap::default(),
             gauge,
             lru: LazyLru::new(),
             evicted: 0,

@@ -215,7 +215,7 @@ pub struct Inodes {
     /// or the pass, done for everyone else, would leave them whole until the next.
     shrink_deferred: Vec<u64>,
     /// The directories the pass in progress has yet to shrink (`shrink_dirs`, a batch
-    /// per call), as of the pass's generation, `shrunk_at`.
+    /// per call); the pass began at generation `shrunk_at`.
     shrink_queue: Vec<u64>,
     /// The closed generation a checkpoint is copying out (`fs::cowcapture`): its
     /// inodes are copied before their first change.
@@ -287,12 +287,6 @@ impl Inodes {
             shrink_queue: Vec::new(),
             pending: None,
         }
-    }
-
-    /// Room for `n` more inodes in memory and as many changed (`mount::presize`).
-    pub fn reserve(&mut self, n: usize) {
-        self.map.reserve(n);
-        self.changed.reserve(n);
     }
 
     /// From now on inodes may be dropped and are read back from `source`, which holds
@@ -509,9 +503,9 @@ impl Inodes {
                 .map(|(ino, _)| *ino);
             self.shrink_queue.extend(dirs);
         }
-        // The pass's generation: groups changed since are stamped later, so resident
-        // (as is every group a capture in progress reads).
-        let d = self.shrunk_at;
+        // Durable now, as a pass all at once went by: groups changed since are stamped
+        // later, so resident (as is every group a capture in progress reads).
+        let d = self.durable_gen;
         let mut moved = 0;
         // No `note_changed`: the entries stay what they are, only where their names
         // are kept changes. A batch ends at `SHRINK_BATCH` directories or

@@ -440,11 +440,6 @@ impl Meta {
 
     /// From now on inodes may be dropped from memory (`evict`) and are read back from
     /// `source` on demand.
-    /// `Inodes::reserve`.
-    pub fn reserve_inodes(&mut self, n: usize) {
-        self.inodes.reserve(n);
-    }
-
     pub fn set_source(&mut self, source: Arc<dyn InodeSource>) {
         self.inodes.set_source(source);
     }

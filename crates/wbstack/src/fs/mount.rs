@@ -14,7 +14,7 @@ use crate::mm::PageCache;
 use crate::trace;
 use crate::writeback::Bdi;
 use parking_lot::{Condvar, Mutex};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -139,14 +139,7 @@ impl Volume {
         let ring = super::jspace::JournalRing::new(0, l.sb.journal_blocks);
         let dcache = Arc::new(super::dcache::Dcache::default());
         let meta_tight = Arc::new(AtomicBool::new(false));
-        // An inode stays cached while it has pages: the map holds up to the limit plus
-        // one per cached page.
-        let cached_pages = (opts.cache.cache_size / PAGE) as usize;
-        let icache = super::icache::InodeCache::new(
-            inode_cache,
-            presize(inode_cache.saturating_add(cached_pages)),
-        );
-        l.meta.reserve_inodes(presize(inode_cache));
+        let icache = super::icache::InodeCache::new(inode_cache);
         let vol = Arc::new(Vol {
             q,
             cache,
@@ -164,19 +157,13 @@ impl Volume {
                     meta: l.meta,
                     running_tid: tid + 1,
                     txn: Records::new(),
-                    txn_inodes: FxHashSet::with_capacity_and_hasher(
-                        presize(inode_cache),
-                        Default::default(),
-                    ),
+                    txn_inodes: Default::default(),
                     txn_first_ns: None,
                     txn_bytes: 0,
                     txn_limit_bytes,
                     meta_limit: inode_cache,
                     txn_full_waiter: jwaiter.clone(),
-                    live: FxHashMap::with_capacity_and_hasher(
-                        presize(inode_cache),
-                        Default::default(),
-                    ),
+                    live: FxHashMap::default(),
                     inflight: FxHashMap::default(),
                     aborted: None,
                     ordered: Vec::new(),
@@ -328,16 +315,3 @@ impl Vol {
         }
     }
 }
-
-/// Room made at mount in the maps of inodes in use (the inode cache's, the resident
-/// and changed inodes', the running transaction's): as many as the limits let them
-/// hold, so they never grow by rehashing under `st` while a workload fills them (at
-/// fs_mark -S0's first 320,000 files, rehashing was 4% of all CPU, and its largest
-/// steps held `st` for tens of milliseconds). Capped: the buckets of a huge limit are
-/// made as the maps fill, as before.
-fn presize(inodes: usize) -> usize {
-    inodes.min(PRESIZE_MAX)
-}
-
-/// 2^20 inodes: tens of MiB of buckets at most.
-const PRESIZE_MAX: usize = 1 << 20;
