@@ -16,23 +16,6 @@ use wbstack_cli::bench::blkbench::{self, BlkJob, Rw};
 /// files).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// mimalloc's `mi_option_purge_delay` (its enum's index; the crate names no constant).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// How long freed memory stays with the process before mimalloc returns it to the
-/// system: longer than the default commit interval (5 s). A commit's transaction
-/// (tens of MiB of records, its encoding and its write buffer at -S0) is freed when it
-/// is written, and with mimalloc's default (1 s) the next commit's were fresh memory
-/// again, faulted in and cleared by the kernel: a tenth of the commit thread's CPU
-/// in fs_mark -S0. Memory freed for good still goes back, 10 s later.
-const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
-
-fn tune_allocator() {
-    // SAFETY: mi_option_set only stores the value in mimalloc's option table (an atomic
-    // per option); the option is read when memory is next purged. Any value is valid.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
-}
 use wbstack_cli::bench::fsmark::{self, FsmarkOpts, SyncMethod};
 use wbstack_cli::lab::{self, LabOpts};
 
@@ -847,7 +830,6 @@ fn parse_format(s: &str) -> Result<u32, String> {
 }
 
 fn main() -> ExitCode {
-    tune_allocator();
     let cli = Cli::parse();
     if cli.trace.is_some() {
         wbstack::trace::enable(1_000_000);
@@ -1041,24 +1023,5 @@ fn at_least_one(s: &str) -> Result<usize, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Index 15 is mimalloc's purge delay: it holds that option's documented default
-    /// (1000 ms in mimalloc 3) until set, and what `tune_allocator` sets after.
-    #[test]
-    fn the_allocator_keeps_freed_memory_longer_than_a_commit_interval() {
-        // SAFETY: mi_option_get reads mimalloc's option table (initialising the option
-        // from the environment on first use); any index below its option count is valid.
-        let get = || unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-            assert_eq!(get(), 1000, "mimalloc's default purge delay");
-        }
-        tune_allocator();
-        assert_eq!(get(), PURGE_DELAY_MS);
     }
 }

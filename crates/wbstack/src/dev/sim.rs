@@ -1026,6 +1026,20 @@ impl SimDevice {
         self.model.lock().stats.clone()
     }
 
+    /// Bytes of data the simulated media keeps in memory: what reads return, and the
+    /// older copies a power cut would put back (shared chunks counted once each way).
+    /// The device's memory, not its user's: a soak bounding a volume's memory leaves
+    /// it out.
+    pub fn bytes_held(&self) -> u64 {
+        let d = self.shared.data.lock();
+        let undo: usize = d
+            .gens
+            .iter()
+            .map(|g| g.undo.values().filter(|c| c.is_some()).count())
+            .sum();
+        d.current.bytes_held() + (undo * super::store::CHUNK) as u64
+    }
+
     fn check(&self, rq: &Request) -> Result<(), BlkError> {
         if rq.op == Op::Flush {
             return Ok(());
