@@ -204,18 +204,14 @@ pub fn run(o: &SoakOpts) -> Result<SoakReport, String> {
     // A simulated device keeps the data written to it in this process's memory: the
     // disk's, not the volume's, and it grows with every block the run writes anew, so
     // the faster the run the more of it. The bound is on the rest.
-    let device_bytes = || {
-        vol.as_ref()
-            .and_then(|v| {
-                let q = v.volume().queue();
-                let sim = q
-                    .device()
-                    .as_any()
-                    .downcast_ref::<wbstack::dev::sim::SimDevice>();
-                sim.map(|s| s.bytes_held())
-            })
-            .unwrap_or(0)
-    };
+    let sim = vol.as_ref().and_then(|v| {
+        v.volume()
+            .queue()
+            .device()
+            .as_any()
+            .downcast_ref::<wbstack::dev::sim::SimDevice>()
+    });
+    let device_bytes = || sim.map_or(0, |s| s.bytes_held());
     while start.elapsed() < o.duration && !shared.stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(200));
         let rss = rss_bytes(pid).saturating_sub(device_bytes());
